@@ -1,0 +1,259 @@
+"""Training configuration: loaded from YAML once, validated once, defaults filled in one place.
+
+Every key, its default and its meaning lives in ``SCHEMA`` below (the README's table is written from it).
+``load_config`` turns a YAML file into a ``Config``; ``validate_config`` does the same for a dict (tests and
+checkpoints use it). Errors are ``ConfigError`` with a message that names the key, the bad value and the fix.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import yaml
+
+from environments import validate_env_config
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or out of range."""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Polynomial decay from ``initial`` to ``final`` over ``max_decay_steps`` updates."""
+
+    initial: float
+    final: float
+    power: float
+    max_decay_steps: int
+
+    def value(self, update: int) -> float:
+        """The scheduled value at ``update`` (0-based); ``final`` once the decay is over."""
+        if update >= self.max_decay_steps or self.initial == self.final:
+            return self.final
+        return (self.initial - self.final) * (1 - update / self.max_decay_steps) ** self.power + self.final
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """The episodic memory transformer (see transformer.py)."""
+
+    num_blocks: int
+    embed_dim: int
+    num_heads: int
+    memory_length: int
+    positional_encoding: str
+    layer_norm: str
+    gtrxl: bool
+    gtrxl_bias: float
+
+
+@dataclass(frozen=True)
+class Config:
+    """A validated training configuration. ``environment`` is the environment section with defaults filled in."""
+
+    environment: dict
+    gamma: float
+    lamda: float
+    updates: int
+    epochs: int
+    n_workers: int
+    worker_steps: int
+    n_mini_batch: int
+    sequence_length: int
+    value_loss_coefficient: float
+    hidden_layer_size: int
+    max_grad_norm: float
+    n_processes: int
+    memory_dtype: str
+    transformer: TransformerConfig
+    learning_rate_schedule: Schedule
+    beta_schedule: Schedule
+    clip_range_schedule: Schedule
+
+    def to_dict(self) -> dict:
+        """Plain dict of builtins (for checkpoints and for ``validate_config`` to read back)."""
+        return asdict(self)
+
+
+# key: (type, default, check, meaning). A default of REQUIRED means the key must be given.
+REQUIRED = object()
+_POSITIVE = ("> 0", lambda v: v > 0)
+_NON_NEGATIVE = (">= 0", lambda v: v >= 0)
+_UNIT = ("in [0, 1]", lambda v: 0 <= v <= 1)
+
+SCHEDULE_SCHEMA: dict[str, tuple] = {
+    "initial": (float, REQUIRED, _NON_NEGATIVE, "value at update 0"),
+    "final": (float, REQUIRED, _NON_NEGATIVE, "value once the decay is over"),
+    "power": (float, 1.0, _POSITIVE, "exponent of the polynomial decay (1 = linear)"),
+    "max_decay_steps": (int, REQUIRED, _POSITIVE, "updates over which the value decays"),
+}
+
+TRANSFORMER_SCHEMA: dict[str, tuple] = {
+    "num_blocks": (int, 3, _POSITIVE, "number of transformer blocks K"),
+    "embed_dim": (int, 384, _POSITIVE, "token width D; must be divisible by num_heads"),
+    "num_heads": (int, 4, _POSITIVE, "attention heads per block"),
+    "memory_length": (int, 64, _POSITIVE, "how many past steps of the episode each step attends to (L)"),
+    "positional_encoding": (
+        str,
+        "",
+        ('"", "relative" or "learned"', lambda v: v in ("", "relative", "learned")),
+        "added to memory tokens by their episode step: none, sinusoidal, or learned",
+    ),
+    "layer_norm": (
+        str,
+        "pre",
+        ('"", "pre" or "post"', lambda v: v in ("", "pre", "post")),
+        "layer norm before attention/feed-forward (pre), after the residual (post), or none",
+    ),
+    "gtrxl": (bool, False, None, "GTrXL: GRU gates instead of residual connections"),
+    "gtrxl_bias": (float, 0.0, None, "GRU gate bias; larger values start the gates closer to the identity"),
+}
+
+SCHEMA: dict[str, tuple] = {
+    "environment": (dict, REQUIRED, None, "environment section: type, name and the type's own keys (see README)"),
+    "gamma": (float, 0.99, _UNIT, "discount factor"),
+    "lamda": (float, 0.95, _UNIT, "GAE lambda (the reference's spelling)"),
+    "updates": (int, 200, _POSITIVE, "number of PPO updates (each is one rollout + optimisation)"),
+    "epochs": (int, 4, _POSITIVE, "optimisation epochs over each rollout"),
+    "n_workers": (int, 16, _POSITIVE, "parallel environments N"),
+    "worker_steps": (int, 128, _POSITIVE, "steps per environment per rollout T"),
+    "n_mini_batch": (int, 8, _POSITIVE, "minibatches per epoch; N * T / sequence_length must be divisible by it"),
+    "sequence_length": (
+        int,
+        0,
+        _NON_NEGATIVE,
+        "consecutive steps per minibatch chunk (0 = largest divisor of worker_steps <= 128 that fits)",
+    ),
+    "value_loss_coefficient": (float, 0.25, _NON_NEGATIVE, "weight of the value loss"),
+    "hidden_layer_size": (int, 384, _POSITIVE, "width of the policy and value hidden layers"),
+    "max_grad_norm": (float, 0.5, _POSITIVE, "gradient norm clip"),
+    "n_processes": (int, 0, _NON_NEGATIVE, "environment worker processes (0 = step environments in the main process)"),
+    "memory_dtype": (
+        str,
+        "float32",
+        ('"float32" or "bfloat16"', lambda v: v in ("float32", "bfloat16")),
+        "dtype of stored memory tokens",
+    ),
+    "transformer": (dict, {}, None, "the memory transformer (keys below)"),
+    "learning_rate_schedule": (dict, {"initial": 3e-4, "final": 3e-4, "max_decay_steps": 1}, None, "AdamW learning rate"),
+    "beta_schedule": (dict, {"initial": 1e-3, "final": 1e-3, "max_decay_steps": 1}, None, "entropy bonus coefficient"),
+    "clip_range_schedule": (dict, {"initial": 0.2, "final": 0.2, "max_decay_steps": 1}, None, "PPO clip range"),
+}
+
+
+def _check_section(values: Any, schema: dict[str, tuple], prefix: str) -> dict:
+    """Type-check ``values`` against ``schema``, fill defaults, and return a new dict."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"'{prefix.rstrip('.') or 'config'}' must be a mapping of keys to values, got {values!r}")
+    unknown = sorted(set(values) - set(schema))
+    if unknown:
+        raise ConfigError(f"unknown key '{prefix}{unknown[0]}'. Allowed keys here: {', '.join(schema)}")
+    out = {}
+    for key, (kind, default, check, _) in schema.items():
+        name = prefix + key
+        if key not in values:
+            if default is REQUIRED:
+                raise ConfigError(f"missing key '{name}': add it to the config ({schema[key][3]})")
+            out[key] = copy.deepcopy(default)
+            continue
+        value = values[key]
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if kind is float and isinstance(value, str):
+            # YAML 1.1 reads "3e-4" (no dot) as a string; accept it as the number the user meant.
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise ConfigError(f"'{name}' must be of type {kind.__name__}, got {value!r} ({type(value).__name__})")
+        if check is not None and not check[1](value):
+            raise ConfigError(f"'{name}' must be {check[0]}, got {value!r}")
+        out[key] = value
+    return out
+
+
+def _schedule(values: Any, name: str) -> Schedule:
+    return Schedule(**_check_section(values, SCHEDULE_SCHEMA, name + "."))
+
+
+def auto_sequence_length(n_workers: int, worker_steps: int, n_mini_batch: int, limit: int = 128) -> int:
+    """Largest chunk length <= ``limit`` that divides ``worker_steps`` and gives every minibatch the same chunk count.
+
+    Returns 0 when there is none.
+    """
+    for length in range(min(limit, worker_steps), 0, -1):
+        if worker_steps % length == 0 and (n_workers * worker_steps // length) % n_mini_batch == 0:
+            return length
+    return 0
+
+
+def validate_config(raw: Any) -> Config:
+    """Validate a raw config mapping and return a ``Config`` with every default filled in."""
+    values = _check_section(raw, SCHEMA, "")
+    try:
+        environment = validate_env_config(values["environment"])
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    transformer = TransformerConfig(**_check_section(values["transformer"], TRANSFORMER_SCHEMA, "transformer."))
+    if transformer.embed_dim % transformer.num_heads != 0:
+        raise ConfigError(
+            f"'transformer.embed_dim' ({transformer.embed_dim}) must be divisible by 'transformer.num_heads' "
+            f"({transformer.num_heads}): change one of them, e.g. embed_dim {transformer.num_heads * 64}"
+        )
+    n, t, m = values["n_workers"], values["worker_steps"], values["n_mini_batch"]
+    if (n * t) % m != 0:
+        raise ConfigError(
+            f"the batch n_workers * worker_steps = {n * t} is not divisible by 'n_mini_batch' ({m}): "
+            "change n_workers, worker_steps or n_mini_batch"
+        )
+    if values["sequence_length"] == 0:
+        values["sequence_length"] = auto_sequence_length(n, t, m)
+        if values["sequence_length"] == 0:
+            raise ConfigError(f"no 'sequence_length' splits worker_steps ({t}) into chunks that n_mini_batch ({m}) divides")
+    c = values["sequence_length"]
+    if t % c != 0:
+        raise ConfigError(f"'sequence_length' ({c}) must divide 'worker_steps' ({t}): pick a divisor, or 0 for automatic")
+    if (n * t // c) % m != 0:
+        raise ConfigError(
+            f"n_workers * worker_steps / sequence_length = {n * t // c} chunks is not divisible by 'n_mini_batch' ({m}): "
+            "change sequence_length (0 picks one automatically) or n_mini_batch"
+        )
+    max_steps = environment.get("max_episode_steps", -1)
+    if isinstance(max_steps, int) and 0 < max_steps < transformer.memory_length:
+        raise ConfigError(
+            f"'transformer.memory_length' ({transformer.memory_length}) exceeds the episode length "
+            f"'environment.max_episode_steps' ({max_steps}): memory beyond the episode is never filled; "
+            f"use memory_length <= {max_steps}"
+        )
+    values["environment"] = environment
+    values["transformer"] = transformer
+    for key in ("learning_rate_schedule", "beta_schedule", "clip_range_schedule"):
+        values[key] = _schedule(values[key], key)
+    return Config(**values)
+
+
+def config_from_dict(values: dict) -> Config:
+    """Rebuild a ``Config`` from ``Config.to_dict()`` output (as stored in checkpoints)."""
+    return validate_config(values)
+
+
+def load_config(path: str, overrides: dict | None = None) -> Config:
+    """Read a YAML config file, apply ``overrides`` (top-level keys), validate it and return a ``Config``."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file '{path}' does not exist: pass an existing YAML file, e.g. configs/poc_memory_env.yaml")
+    with open(path) as file:
+        try:
+            raw = yaml.safe_load(file)
+        except yaml.YAMLError as error:
+            raise ConfigError(f"config file '{path}' is not valid YAML: {error}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file '{path}' must hold a mapping of keys to values, got {type(raw).__name__}")
+    raw.update(overrides or {})
+    return validate_config(raw)

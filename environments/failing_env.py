@@ -1,0 +1,75 @@
+"""A tiny vector environment that fails on purpose, for testing how workers report and survive failures."""
+
+import os
+
+import numpy as np
+from gymnasium import Env, spaces
+
+EPISODE_LENGTH = 8
+EXIT_CODE = 3  # what mode "exit" ends the process with
+
+
+class FailingEnv(Env):
+    """Counts its steps over its whole lifetime and fails when the count reaches ``fail_at_step``.
+
+    Until then it is a trivial task: the observation is filled with t / 8 for step t of the episode, every step pays
+    1.0 and episodes terminate after 8 steps. Mode "raise" raises RuntimeError("deliberate failure at step k"); mode
+    "exit" ends the whole process with os._exit(3), like a worker killed from outside (only use it in a subprocess).
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, fail_at_step: int = 5, mode: str = "raise", obs_size: int = 4) -> None:
+        """Builds the environment.
+
+        Args:
+            fail_at_step: Lifetime step count (1-based) at which to fail.
+            mode: "raise" or "exit".
+            obs_size: Length of the observation vector.
+        """
+        if mode not in ("raise", "exit"):
+            raise ValueError(f"mode = {mode!r} is not supported; use 'raise' or 'exit'")
+        self._fail_at_step = fail_at_step
+        self._mode = mode
+        self.observation_space = spaces.Box(low=0.0, high=1.0, shape=(obs_size,), dtype=np.float32)
+        self.action_space = spaces.Discrete(2)
+        self.max_episode_steps = EPISODE_LENGTH
+        self.lifetime_steps = 0
+        self._t = 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        """Starts a new episode.
+
+        Args:
+            seed: Re-seeds the (unused) generator, for the gymnasium API.
+            options: Unused.
+
+        Returns:
+            The first observation (obs_size,), all zeros, and an empty info dict.
+        """
+        super().reset(seed=seed)
+        self._t = 0
+        return self._observation(), {}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        """Advances one step, or fails if this is the lifetime step ``fail_at_step``.
+
+        Args:
+            action: Ignored.
+
+        Returns:
+            Observation (obs_size,), reward 1.0, terminated (after 8 steps), truncated (never) and info.
+        """
+        self.lifetime_steps += 1
+        if self.lifetime_steps == self._fail_at_step:
+            if self._mode == "exit":
+                os._exit(EXIT_CODE)
+            raise RuntimeError(f"deliberate failure at step {self.lifetime_steps}")
+        self._t += 1
+        terminated = self._t == EPISODE_LENGTH
+        info = {"episode": {"reward": float(self._t), "length": float(self._t)}} if terminated else {}
+        return self._observation(), 1.0, terminated, False, info
+
+    def _observation(self) -> np.ndarray:
+        """Returns the observation (obs_size,) filled with t / 8."""
+        return np.full(self.observation_space.shape, self._t / EPISODE_LENGTH, dtype=np.float32)

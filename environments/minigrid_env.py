@@ -1,0 +1,84 @@
+"""MiniGrid Memory tasks with a small, image-based egocentric view."""
+
+import gymnasium
+import minigrid  # noqa: F401  (importing registers the MiniGrid-* ids with gymnasium)
+import numpy as np
+from minigrid.wrappers import ImgObsWrapper, RGBImgPartialObsWrapper
+
+
+class MiniGridMemoryEnv(gymnasium.Wrapper):
+    """MiniGrid-Memory* with an RGB partial view and only the three actions the task needs.
+
+    The agent sees a view_size x view_size patch in front of it, rendered with tile_size pixels per cell and returned
+    channel-first as float32 in [0, 1]: (3, 84, 84) for the reference's 3 x 28. Shrinking the default 7x7 view to 3x3
+    is what makes the task need memory: the cue object is out of sight once the agent walks down the corridor.
+    The actions are 0: turn left, 1: turn right, 2: move forward (MiniGrid's own ids for these actions).
+    MiniGrid reports its step limit as truncated=True; an object touched on the last step counts as terminated only.
+    """
+
+    def __init__(
+        self,
+        name: str = "MiniGrid-MemoryS9-v0",
+        view_size: int = 3,
+        tile_size: int = 28,
+        max_episode_steps: int = 96,
+        render_mode: str | None = None,
+    ) -> None:
+        """Builds the environment.
+
+        Args:
+            name: A registered MiniGrid-Memory* id.
+            view_size: Side length of the agent's view in cells (odd, >= 3).
+            tile_size: Pixels per cell in the observation.
+            max_episode_steps: Steps after which MiniGrid truncates the episode.
+            render_mode: None, "rgb_array" or "human".
+        """
+        env = gymnasium.make(name, agent_view_size=view_size, max_steps=max_episode_steps, render_mode=render_mode)
+        super().__init__(ImgObsWrapper(RGBImgPartialObsWrapper(env, tile_size=tile_size)))
+        side = view_size * tile_size
+        self.observation_space = gymnasium.spaces.Box(low=0.0, high=1.0, shape=(3, side, side), dtype=np.float32)
+        self.action_space = gymnasium.spaces.Discrete(3)
+        self.max_episode_steps = max_episode_steps
+        self._return = 0.0
+        self._length = 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        """Starts a new episode.
+
+        Args:
+            seed: Re-seeds MiniGrid's generator when given; later resets continue from it.
+            options: Passed on to MiniGrid.
+
+        Returns:
+            The first observation (3, side, side) and the inner info dict.
+        """
+        obs, info = self.env.reset(seed=seed, options=options)
+        self._return = 0.0
+        self._length = 0
+        return self._observe(obs), info
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        """Turns left (0), turns right (1) or moves forward (2).
+
+        Args:
+            action: 0, 1 or 2.
+
+        Returns:
+            Observation (3, side, side), reward, terminated, truncated and info.
+        """
+        if action not in (0, 1, 2):
+            raise ValueError(f"action = {action!r} is invalid for MiniGrid Memory; use 0 (left), 1 (right) or 2 (forward)")
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        truncated = truncated and not terminated  # touching an object on the last step is a real ending
+        self._return += float(reward)
+        self._length += 1
+        if terminated or truncated:
+            # MiniGrid Memory pays a positive reward only for touching the matching object.
+            episode = {"reward": self._return, "length": float(self._length), "success": float(reward > 0)}
+            info = {**info, "episode": episode}
+        return self._observe(obs), float(reward), terminated, truncated, info
+
+    @staticmethod
+    def _observe(obs: np.ndarray) -> np.ndarray:
+        """Turns MiniGrid's (H, W, 3) uint8 view into a (3, H, W) float32 image in [0, 1]."""
+        return np.ascontiguousarray(obs.transpose(2, 0, 1), dtype=np.float32) / 255.0

@@ -1,0 +1,126 @@
+"""Evaluation on unseen seeds, shared by the trainer and enjoy.py; summaries with IQM and bootstrap intervals.
+
+An episode runs through the same ``RolloutMemory`` as training rollouts, so evaluation sees exactly the memory
+windows the agent was trained with. Seeds: Memory Gym draws evaluation episodes from seeds outside its training
+range (start-seed .. start-seed + num-seeds); the other tasks use a separate seed stream, EVAL_SEED_OFFSET + seed,
+while training workers use seed + worker index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from config import Config
+from environments import create_env
+from memory import RolloutMemory
+from model import ActorCriticModel, sample_actions
+from trainer import MEMORY_DTYPES
+
+EVAL_SEED_OFFSET = 1_000_000
+
+# on_step(env, step, attention): called after every agent step; attention is per block (H, L) over the ring slots
+# ordered from oldest to newest visible step, or None when not asked for.
+StepCallback = Callable[[object, int, list[np.ndarray] | None], None]
+
+
+@torch.no_grad()
+def evaluate(
+    model: ActorCriticModel,
+    config: Config,
+    device: torch.device,
+    episodes: int,
+    seed: int = 0,
+    deterministic: bool = False,
+    render_mode: str | None = None,
+    on_step: StepCallback | None = None,
+    attention: bool = False,
+) -> list[dict[str, float]]:
+    """Run ``episodes`` episodes on evaluation seeds and return each one's ``info["episode"]`` metrics.
+
+    Args:
+        model: the agent (put in eval mode here).
+        config: its config (environment and memory settings).
+        device: where the model lives.
+        episodes: number of episodes.
+        seed: offset of the evaluation seed stream.
+        deterministic: take the most likely action instead of sampling.
+        render_mode: passed to the environment (None, "rgb_array", "human").
+        on_step: called after every step, e.g. to record frames.
+        attention: compute attention weights for ``on_step``.
+    """
+    model.eval()
+    tf = config.transformer
+    env = create_env(config.environment, render_mode=render_mode, evaluation=True)
+    memory = RolloutMemory(1, tf.memory_length, tf.num_blocks, tf.embed_dim, MEMORY_DTYPES[config.memory_dtype], device)
+    generator = torch.Generator(device=device).manual_seed(EVAL_SEED_OFFSET + seed)
+    results = []
+    try:
+        obs, _ = env.reset(seed=EVAL_SEED_OFFSET + seed)
+        memory.refresh(model)
+        for _ in range(episodes):
+            memory.end_episodes(torch.ones(1, dtype=torch.bool, device=device))
+            step, info = 0, {}
+            while "episode" not in info:
+                keys_values, mask = memory.inputs(model)
+                obs_tensor = torch.as_tensor(obs, dtype=torch.float32, device=device).view(1, 1, *obs.shape)
+                out = model(obs_tensor, keys_values, mask, return_attention=attention)
+                actions, _ = sample_actions([x[:, 0] for x in out.logits], deterministic, generator)
+                weights = (
+                    _ordered_attention(out.attention, int(memory.episode_steps[0]), tf.memory_length) if attention else None
+                )
+                memory.append(model, out.tokens[:, 0])
+                action = actions[0].cpu().numpy()
+                obs, _, terminated, truncated, info = env.step(action[0] if len(action) == 1 else action)
+                step += 1
+                if on_step is not None:
+                    on_step(env, step, weights)
+                if (terminated or truncated) and "episode" not in info:
+                    raise RuntimeError(f"environment {config.environment['type']} ended an episode without info['episode']")
+            results.append({key: float(value) for key, value in info["episode"].items()})
+            obs, _ = env.reset()
+    finally:
+        env.close()
+    return results
+
+
+def _ordered_attention(weights: list[torch.Tensor], episode_step: int, memory_length: int) -> list[np.ndarray]:
+    """Per block (H, V) attention over the V visible past steps, oldest first (ring slots reordered by step)."""
+    visible = min(episode_step, memory_length)
+    steps = np.arange(episode_step - visible, episode_step)
+    slots = steps % memory_length
+    return [w[0, :, 0, slots].cpu().numpy() for w in weights]
+
+
+def interquartile_mean(values: np.ndarray) -> float:
+    """Mean of the middle 50% of the values (the IQM recommended by Agarwal et al., 2021)."""
+    ordered = np.sort(values)
+    n = len(ordered)
+    return float(ordered[n // 4 : n - n // 4].mean()) if n >= 4 else float(ordered.mean())
+
+
+def summarize(results: list[dict[str, float]], resamples: int = 2000, seed: int = 0) -> dict[str, dict[str, float]]:
+    """Per metric: mean, IQM and a 95% percentile-bootstrap confidence interval of the mean."""
+    rng = np.random.default_rng(seed)
+    summary = {}
+    for key in sorted({key for result in results for key in result}):
+        values = np.array([result[key] for result in results if key in result], dtype=np.float64)
+        means = rng.choice(values, size=(resamples, len(values)), replace=True).mean(axis=1)
+        summary[key] = {
+            "mean": float(values.mean()),
+            "iqm": interquartile_mean(values),
+            "ci_low": float(np.percentile(means, 2.5)),
+            "ci_high": float(np.percentile(means, 97.5)),
+            "episodes": len(values),
+        }
+    return summary
+
+
+def format_summary(summary: dict[str, dict[str, float]]) -> str:
+    """One line per metric."""
+    lines = [f"{'metric':<22}{'mean':>10}{'IQM':>10}   95% CI of the mean"]
+    for key, s in summary.items():
+        lines.append(f"{key:<22}{s['mean']:10.3f}{s['iqm']:10.3f}   [{s['ci_low']:.3f}, {s['ci_high']:.3f}]")
+    return "\n".join(lines)

@@ -1,0 +1,157 @@
+"""The actor-critic: observation encoder -> episodic memory transformer -> policy and value heads.
+
+Shapes (legend as in buffer.py): B batch rows, Q query steps per row, S memory slots per row,
+K blocks, D embed dim, A action dimensions (1 for Discrete, len(nvec) for MultiDiscrete).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from torch import nn
+from torch.distributions import Categorical
+
+from config import Config
+from transformer import Transformer
+
+
+class ModelOutput(NamedTuple):
+    """What one forward pass gives, for B rows of Q query steps."""
+
+    logits: list[torch.Tensor]  # per action dimension, (B, Q, n_actions_a)
+    value: torch.Tensor  # (B, Q)
+    tokens: torch.Tensor  # (B, Q, K, D) new memory tokens (the block inputs) of these steps
+    attention: list[torch.Tensor] | None  # per block (B, H, Q, S), only when asked for
+
+
+def _orthogonal(layer: nn.Module, gain: float) -> nn.Module:
+    nn.init.orthogonal_(layer.weight, gain)
+    if layer.bias is not None:
+        nn.init.zeros_(layer.bias)
+    return layer
+
+
+class ActorCriticModel(nn.Module):
+    """Encoder, transformer memory and heads, faithful to the reference implementation."""
+
+    def __init__(self, config: Config, observation_shape: tuple[int, ...], action_dims: list[int]) -> None:
+        """Build the model.
+
+        Args:
+            config: the training config (uses ``transformer`` and ``hidden_layer_size``).
+            observation_shape: (C, H, W) images with values in [0, 1], or (F,) vectors.
+            action_dims: number of actions of each action dimension.
+        """
+        super().__init__()
+        dim = config.transformer.embed_dim
+        hidden = config.hidden_layer_size
+        self.observation_shape = tuple(observation_shape)
+        self.action_dims = list(action_dims)
+        if len(observation_shape) == 3:
+            self.conv = nn.Sequential(
+                _orthogonal(nn.Conv2d(observation_shape[0], 32, 8, stride=4), np.sqrt(2)),
+                nn.ReLU(),
+                _orthogonal(nn.Conv2d(32, 64, 4, stride=2), np.sqrt(2)),
+                nn.ReLU(),
+                _orthogonal(nn.Conv2d(64, 64, 3, stride=1), np.sqrt(2)),
+                nn.ReLU(),
+                nn.Flatten(),
+            )
+            with torch.no_grad():
+                features = self.conv(torch.zeros(1, *observation_shape)).shape[1]
+        elif len(observation_shape) == 1:
+            self.conv = None
+            features = observation_shape[0]
+        else:
+            raise ValueError(f"observation shape {observation_shape} is neither an image (C, H, W) nor a vector (F,)")
+        self.embedding = _orthogonal(nn.Linear(features, dim), np.sqrt(2))
+        self.transformer = Transformer(config.transformer)
+        self.policy_hidden = _orthogonal(nn.Linear(dim, hidden), np.sqrt(2))
+        self.policy_branches = nn.ModuleList([_orthogonal(nn.Linear(hidden, n), 0.01) for n in action_dims])
+        self.value_hidden = _orthogonal(nn.Linear(dim, hidden), np.sqrt(2))
+        self.value_head = _orthogonal(nn.Linear(hidden, 1), 1.0)
+
+    def encode(self, obs: torch.Tensor) -> torch.Tensor:
+        """Embed observations (B, Q, *obs_shape) into tokens (B, Q, D)."""
+        b, q = obs.shape[:2]
+        x = obs.reshape(b * q, *self.observation_shape)
+        if self.conv is not None:
+            x = self.conv(x)
+        return torch.relu(self.embedding(x)).view(b, q, -1)
+
+    def forward(
+        self,
+        obs: torch.Tensor,
+        keys_values: list[tuple[torch.Tensor, torch.Tensor]],
+        mask: torch.Tensor,
+        return_attention: bool = False,
+    ) -> ModelOutput:
+        """Policy logits, values and new memory tokens of B rows of Q steps.
+
+        Args:
+            obs: (B, Q, *obs_shape) observations.
+            keys_values: per block (k, v), each (B, H, S, d), from ``project_memory`` or a rollout cache.
+            mask: (B, Q, S) True where a query step may attend to a memory slot.
+            return_attention: also return the attention weights.
+        """
+        h, tokens, attention = self.transformer(self.encode(obs), keys_values, mask, return_attention)
+        policy = torch.relu(self.policy_hidden(h))
+        logits = [branch(policy) for branch in self.policy_branches]
+        value = self.value_head(torch.relu(self.value_hidden(h))).squeeze(-1)
+        return ModelOutput(logits, value, tokens, attention)
+
+    def project_memory(self, memory: torch.Tensor, steps: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Keys and values of memory tokens (B, S, K, D) at episode steps (B, S); see Transformer.project_memory."""
+        return self.transformer.project_memory(memory, steps)
+
+    def forward_windows(
+        self,
+        obs: torch.Tensor,
+        memory: torch.Tensor,
+        steps: torch.Tensor,
+        visible: torch.Tensor,
+        return_attention: bool = False,
+    ) -> ModelOutput:
+        """The plain path, the executable specification: each step projects its own memory window.
+
+        Args:
+            obs: (B, *obs_shape) one observation per row.
+            memory: (B, L, K, D) the row's memory window.
+            steps: (B, L) episode step of each window slot.
+            visible: (B, L) True for the slots of the same episode before this step.
+        """
+        return self(obs.unsqueeze(1), self.project_memory(memory, steps), visible.unsqueeze(1), return_attention)
+
+
+def distributions(logits: list[torch.Tensor]) -> list[Categorical]:
+    """One Categorical per action dimension."""
+    return [Categorical(logits=branch) for branch in logits]
+
+
+def sample_actions(
+    logits: list[torch.Tensor], deterministic: bool = False, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample actions (..., A) and their joint log-probability (...) from per-dimension logits (..., n_a)."""
+    if deterministic:
+        actions = [branch.argmax(dim=-1) for branch in logits]
+    else:
+        actions = [
+            torch.multinomial(branch.softmax(dim=-1).reshape(-1, branch.shape[-1]), 1, generator=generator).view(
+                branch.shape[:-1]
+            )
+            for branch in logits
+        ]
+    actions = torch.stack(actions, dim=-1)
+    return actions, log_prob(distributions(logits), actions)
+
+
+def log_prob(dists: list[Categorical], actions: torch.Tensor) -> torch.Tensor:
+    """Joint log-probability (...) of actions (..., A) under independent per-dimension distributions."""
+    return sum(dist.log_prob(actions[..., a]) for a, dist in enumerate(dists))
+
+
+def entropy(dists: list[Categorical]) -> torch.Tensor:
+    """Summed entropy (...) of the per-dimension distributions."""
+    return sum(dist.entropy() for dist in dists)

@@ -1,0 +1,322 @@
+"""Tests of the environments package: spaces, episode info, time limits, PoC dynamics, config checks, Memory Gym seeds."""
+
+import os
+
+os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+
+import gymnasium  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from gymnasium.utils.env_checker import check_env  # noqa: E402
+
+from environments import ENV_TYPES, create_env, validate_env_config  # noqa: E402
+
+MEMORY_GYM_COMMANDS_2 = {"type": "MemoryGym", "name": "MortarMayhem-Grid-v0", "reset_params": {"command_count": [2]}}
+
+# (config, observation shape, action space type, max_episode_steps)
+SPACE_CASES = [
+    ({"type": "PocMemoryEnv"}, (3,), gymnasium.spaces.Discrete, 32),
+    ({"type": "CartPole"}, (4,), gymnasium.spaces.Discrete, 200),
+    ({"type": "MiniGrid"}, (3, 84, 84), gymnasium.spaces.Discrete, 96),
+    ({"type": "MemoryGym", "name": "MortarMayhem-Grid-v0"}, (3, 84, 84), gymnasium.spaces.Discrete, 119),
+    ({"type": "MemoryGym", "name": "MysteryPath-Grid-v0"}, (3, 84, 84), gymnasium.spaces.Discrete, 128),
+    ({"type": "MemoryGym", "name": "SearingSpotlights-v0"}, (3, 84, 84), gymnasium.spaces.MultiDiscrete, 256),
+    ({"type": "MemoryGym", "name": "Endless-MortarMayhem-v0"}, (3, 84, 84), gymnasium.spaces.MultiDiscrete, -1),
+    ({"type": "Failing", "fail_at_step": 10_000}, (4,), gymnasium.spaces.Discrete, 8),
+]
+
+
+def run_episode(env: gymnasium.Env, actions: list[int] | None = None, max_steps: int = 2000) -> list[tuple]:
+    """Steps env until the episode ends, with the given actions or random ones (seeded through the action space).
+
+    Returns:
+        The (obs, reward, terminated, truncated, info) tuple of every step.
+    """
+    steps = []
+    for t in range(max_steps):
+        action = actions[t] if actions is not None else env.action_space.sample()
+        steps.append(env.step(action))
+        if steps[-1][2] or steps[-1][3]:
+            return steps
+    raise AssertionError(f"no episode end within {max_steps} steps")
+
+
+@pytest.mark.parametrize("config, obs_shape, action_type, max_steps", SPACE_CASES, ids=lambda c: str(c))
+def test_spaces_observations_and_episode_info(config: dict, obs_shape: tuple, action_type: type, max_steps: int) -> None:
+    env = create_env(config)
+    env.action_space.seed(0)
+    assert env.observation_space.shape == obs_shape
+    assert env.observation_space.dtype == np.float32
+    assert isinstance(env.action_space, action_type)
+    assert env.max_episode_steps == max_steps
+
+    obs, _ = env.reset(seed=3)
+    steps = run_episode(env)
+    for ob in [obs] + [step[0] for step in steps]:
+        assert ob.shape == obs_shape and ob.dtype == np.float32
+        assert env.observation_space.contains(ob)
+    if len(obs_shape) == 3:
+        assert 0.0 <= obs.min() and obs.max() <= 1.0 and obs.max() > 0.0
+
+    assert all("episode" not in step[4] for step in steps[:-1])
+    assert not (steps[-1][2] and steps[-1][3])
+    episode = steps[-1][4]["episode"]
+    assert episode["length"] == len(steps)
+    if config["type"] != "CartPole":  # CartPole reports the unscaled return, tested separately
+        assert episode["reward"] == pytest.approx(sum(step[1] for step in steps))
+    assert all(isinstance(value, float) for value in episode.values())
+    env.close()
+
+
+@pytest.mark.parametrize(
+    "config, metrics",
+    [
+        ({"type": "PocMemoryEnv"}, {"success"}),
+        ({"type": "MiniGrid"}, {"success"}),
+        ({"type": "MemoryGym", "name": "MortarMayhem-Grid-v0"}, {"success", "commands_completed"}),
+        ({"type": "MemoryGym", "name": "MysteryPath-Grid-v0"}, {"success", "num_fails"}),
+    ],
+)
+def test_episode_info_has_task_metrics(config: dict, metrics: set[str]) -> None:
+    env = create_env(config)
+    env.action_space.seed(1)
+    env.reset(seed=1)
+    episode = run_episode(env)[-1][4]["episode"]
+    assert metrics | {"reward", "length"} <= set(episode)
+    assert episode["success"] in (0.0, 1.0)
+
+
+@pytest.mark.parametrize(
+    "config, action",
+    [
+        ({"type": "MiniGrid"}, 0),  # turning left forever never touches an object
+        ({"type": "MemoryGym", "name": "MysteryPath-Grid-v0"}, 0),  # action 0 is a no-op in Mystery Path Grid
+    ],
+)
+def test_step_limit_is_truncation(config: dict, action: int) -> None:
+    env = create_env(config)
+    env.reset(seed=0)
+    steps = run_episode(env, [action] * 1000)
+    assert len(steps) == env.max_episode_steps
+    _, _, terminated, truncated, info = steps[-1]
+    assert truncated and not terminated
+    assert info["episode"]["success"] == 0.0
+
+
+def poc_env(**overrides: object) -> gymnasium.Env:
+    """Builds a PocMemoryEnv from the default config with overrides."""
+    return create_env({"type": "PocMemoryEnv", **overrides})
+
+
+def test_poc_truncates_after_32_steps() -> None:
+    env = poc_env()
+    env.reset(seed=0)
+    steps = run_episode(env, [0, 1] * 100)  # oscillating around the start never reaches a goal
+    assert len(steps) == 32
+    _, _, terminated, truncated, info = steps[-1]
+    assert truncated and not terminated
+    assert info["episode"] == {"reward": pytest.approx(-3.2), "length": 32.0, "success": 0.0}
+
+
+def test_poc_goals_are_shown_only_in_the_first_two_observations() -> None:
+    env = poc_env()
+    for seed in range(6):
+        obs, _ = env.reset(seed=seed)
+        observations = [obs] + [step[0] for step in run_episode(env, [0, 1] * 100)]
+        for t, ob in enumerate(observations):
+            signals = ob[[0, 2]]
+            if t < 2:
+                assert sorted(signals) == [-1.0, 1.0], f"goals must be visible in observation {t}"
+            else:
+                assert list(signals) == [0.0, 0.0], f"goals must be hidden in observation {t}"
+
+
+def test_poc_freeze_holds_the_agent_while_goals_are_shown() -> None:
+    env = poc_env()
+    obs, _ = env.reset(seed=0)
+    positions = [obs[1]] + [env.step(1)[0][1] for _ in range(3)]
+    assert positions == pytest.approx([0.0, 0.0, 0.0, 0.2])
+    env = poc_env(freeze=False)
+    obs, _ = env.reset(seed=0)
+    assert env.step(1)[0][1] == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize("correct", [True, False])
+def test_poc_goal_rewards(correct: bool) -> None:
+    env = poc_env()
+    obs, _ = env.reset(seed=4)
+    right_is_rewarding = obs[2] > 0
+    direction = int(right_is_rewarding == correct)  # 1 walks right
+    steps = run_episode(env, [direction] * 7)  # 2 frozen steps, then 5 moves of 0.2 reach the goal
+    assert len(steps) == 7
+    _, reward, terminated, truncated, info = steps[-1]
+    assert terminated and not truncated
+    assert reward == pytest.approx(1.6 if correct else -1.6)
+    assert [step[1] for step in steps[:-1]] == pytest.approx([-0.1] * 6)
+    assert info["episode"] == {
+        "reward": pytest.approx(1.0 if correct else -2.2),
+        "length": 7.0,
+        "success": float(correct),
+    }
+
+
+def test_poc_glob_spreads_start_positions() -> None:
+    env = poc_env(glob=True)
+    starts = {round(float(env.reset(seed=seed)[0][1]), 2) for seed in range(200)}
+    assert starts == {-0.8, -0.6, -0.4, -0.2, 0.0, 0.2, 0.4, 0.6, 0.8}
+    assert {float(poc_env().reset(seed=seed)[0][1]) for seed in range(20)} == {0.0}
+
+
+@pytest.mark.parametrize("config", [{"type": "PocMemoryEnv"}, {"type": "Failing", "fail_at_step": 10_000}])
+def test_plain_envs_pass_gymnasium_checker(config: dict) -> None:
+    check_env(create_env(config), skip_render_check=True)
+
+
+def test_masked_cartpole() -> None:
+    env = create_env({"type": "CartPole"})
+    env.action_space.seed(0)
+    obs, _ = env.reset(seed=0)
+    steps = run_episode(env)
+    observations = np.stack([obs] + [step[0] for step in steps])
+    assert np.all(observations[:, [1, 3]] == 0.0)
+    assert np.all(np.abs(observations[:, [0, 2]]).sum(axis=0) > 0.0)
+    assert [step[1] for step in steps] == pytest.approx([0.01] * len(steps))
+    assert steps[-1][4]["episode"]["reward"] == float(len(steps))  # unscaled return
+
+    unmasked = create_env({"type": "CartPole", "mask_velocity": False, "reward_scale": 1.0})
+    unmasked.reset(seed=0)
+    assert np.all(unmasked.step(0)[0][[1, 3]] != 0.0)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"type": "PocMemoryEnv"},
+        {"type": "CartPole"},
+        {"type": "MiniGrid"},
+        {"type": "MemoryGym", "name": "MortarMayhem-Grid-v0"},
+    ],
+)
+def test_render_rgb_array(config: dict) -> None:
+    env = create_env(config, render_mode="rgb_array")
+    env.reset(seed=0)
+    env.step(env.action_space.sample())
+    frame = env.render()
+    assert frame.dtype == np.uint8 and frame.ndim == 3 and frame.shape[2] == 3
+    assert frame.max() > frame.min()
+
+
+def test_memory_gym_render_matches_observation() -> None:
+    env = create_env({"type": "MemoryGym", "name": "MysteryPath-Grid-v0"}, render_mode="rgb_array")
+    obs, _ = env.reset(seed=0)
+    assert np.array_equal((obs * 255).round().astype(np.uint8).transpose(1, 2, 0), env.render())
+
+
+@pytest.mark.parametrize(
+    "config, key",
+    [
+        ({}, "environment.type"),
+        ({"type": "Atari"}, "environment.type"),
+        ({"type": "PocMemoryEnv", "speed": 1}, "environment.speed"),
+        ({"type": "PocMemoryEnv", "step_size": "0.2"}, "environment.step_size"),
+        ({"type": "PocMemoryEnv", "step_size": 0.3}, "environment.step_size"),
+        ({"type": "PocMemoryEnv", "glob": 1}, "environment.glob"),
+        ({"type": "PocMemoryEnv", "max_episode_steps": 0}, "environment.max_episode_steps"),
+        ({"type": "CartPole", "name": "CartPole-v2"}, "environment.name"),
+        ({"type": "CartPole", "reward_scale": 0}, "environment.reward_scale"),
+        ({"type": "MiniGrid", "name": "MiniGrid-Empty-5x5-v0"}, "environment.name"),
+        ({"type": "MiniGrid", "view_size": 4}, "environment.view_size"),
+        ({"type": "MiniGrid", "view_size": 3.0}, "environment.view_size"),
+        ({"type": "MemoryGym"}, "environment.name"),
+        ({"type": "MemoryGym", "name": "MortarMayhem-Grid-v1"}, "environment.name"),
+        ({"type": "MemoryGym", "name": "MortarMayhemB-Grid-v0"}, "environment.name"),
+        ({"type": "MemoryGym", "name": "MortarMayhem-Grid-v0", "reset_params": [2]}, "environment.reset_params"),
+        ({"type": "MemoryGym", "name": "MortarMayhem-Grid-v0", "reset_params": {"commands": [2]}}, "reset_params.commands"),
+        ({"type": "MemoryGym", "name": "MortarMayhem-Grid-v0", "reset_params": {"command_count": 2}}, "command_count"),
+        ({"type": "MemoryGym", "name": "MortarMayhem-Grid-v0", "reset_params": {"num-seeds": 0}}, "reset_params.num-seeds"),
+        ({"type": "MemoryGym", "name": "MortarMayhem-Grid-v0", "reset_params": {"arena_size": 9}}, "environment.reset_params"),
+        ({"type": "Failing", "mode": "crash"}, "environment.mode"),
+    ],
+)
+def test_validate_env_config_names_the_bad_key(config: dict, key: str) -> None:
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")) as error:
+        validate_env_config(config)
+    assert "environment." in str(error.value)
+
+
+def test_validate_env_config_fills_defaults_without_touching_the_input() -> None:
+    given = {"type": "MemoryGym", "name": "MortarMayhem-Grid-v0", "reset_params": {"command_count": [2]}}
+    config = validate_env_config(given)
+    assert given == {"type": "MemoryGym", "name": "MortarMayhem-Grid-v0", "reset_params": {"command_count": [2]}}
+    assert config["reset_params"] == {"start-seed": 0, "num-seeds": 100000, "command_count": [2]}
+    assert validate_env_config({"type": "PocMemoryEnv"}) == {
+        "type": "PocMemoryEnv",
+        "step_size": 0.2,
+        "glob": False,
+        "freeze": True,
+        "max_episode_steps": 32,
+    }
+    for env_type in ENV_TYPES:
+        minimal = {"type": env_type, "name": "MortarMayhem-Grid-v0"} if env_type == "MemoryGym" else {"type": env_type}
+        assert validate_env_config(minimal)["type"] == env_type
+
+
+def test_create_env_rejects_unknown_type_and_render_mode() -> None:
+    with pytest.raises(ValueError, match="environment.type"):
+        create_env({"type": "Unknown"})
+    with pytest.raises(ValueError, match="render_mode"):
+        create_env({"type": "PocMemoryEnv"}, render_mode="ascii")
+
+
+def memory_gym_episodes(env: gymnasium.Env, n_episodes: int, plain_resets: bool) -> list[tuple[int, dict, int]]:
+    """Plays n_episodes of Mortar Mayhem with random actions; later episodes start with a bare reset() if plain_resets.
+
+    Returns:
+        (episode seed, inner reset parameters, number of commands) per episode.
+    """
+    env.action_space.seed(0)
+    records = []
+    env.reset(seed=123)
+    for i in range(n_episodes):
+        if i > 0 and plain_resets:
+            env.reset()
+        elif i > 0:
+            env.reset(seed=1000 + i)
+        inner = env.unwrapped
+        records.append((env.episode_seed, dict(inner.reset_params), inner.num_commands))
+        run_episode(env)
+    return records
+
+
+@pytest.mark.parametrize("plain_resets", [True, False])
+def test_memory_gym_reset_params_persist_and_seeds_stay_in_range(plain_resets: bool) -> None:
+    config = {**MEMORY_GYM_COMMANDS_2, "reset_params": {"command_count": [2], "start-seed": 500, "num-seeds": 20}}
+    env = create_env(config)
+    assert env.max_episode_steps < 119  # derived from 2 commands, not memory-gym's default of 10
+    records = memory_gym_episodes(env, 25, plain_resets)
+    seeds = [seed for seed, _, _ in records]
+    assert all(500 <= seed < 520 for seed in seeds)
+    assert len(set(seeds)) > 5
+    assert all(params["command_count"] == [2] and commands == 2 for _, params, commands in records)
+
+    evaluation = create_env(config, evaluation=True)
+    evaluation_seeds = [seed for seed, _, _ in memory_gym_episodes(evaluation, 10, plain_resets)]
+    assert all(seed >= 520 for seed in evaluation_seeds)
+
+
+def test_memory_gym_seed_reproduces_episodes() -> None:
+    first, second = create_env(MEMORY_GYM_COMMANDS_2), create_env(MEMORY_GYM_COMMANDS_2)
+    obs_a = [first.reset(seed=7)[0]] + [first.reset()[0] for _ in range(3)]
+    obs_b = [second.reset(seed=7)[0]] + [second.reset()[0] for _ in range(3)]
+    assert all(np.array_equal(a, b) for a, b in zip(obs_a, obs_b, strict=True))
+    assert not np.array_equal(obs_a[0], obs_a[1])
+
+
+def test_memory_gym_close_keeps_other_instances_working() -> None:
+    first, second = create_env(MEMORY_GYM_COMMANDS_2), create_env(MEMORY_GYM_COMMANDS_2)
+    first.reset(seed=0)
+    second.reset(seed=0)
+    first.close()
+    obs = second.step(0)[0]
+    assert obs.shape == (3, 84, 84) and obs.max() > 0.0

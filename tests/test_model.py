@@ -1,0 +1,82 @@
+"""Model output shapes for every option combination, and the empty-memory step."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from conftest import small_config
+
+from memory import ring_mask
+from model import ActorCriticModel, sample_actions
+
+OPTIONS = list(itertools.product(["", "relative", "learned"], ["", "pre", "post"], [False, True]))
+
+
+def transformer_options(positional_encoding: str, layer_norm: str, gtrxl: bool) -> dict:
+    return {"positional_encoding": positional_encoding, "layer_norm": layer_norm, "gtrxl": gtrxl, "gtrxl_bias": 1.0}
+
+
+@pytest.mark.parametrize("positional_encoding,layer_norm,gtrxl", OPTIONS)
+@pytest.mark.parametrize("obs_shape,action_dims", [((5,), [3]), ((3, 84, 84), [2, 3, 4])])
+def test_output_shapes(positional_encoding: str, layer_norm: str, gtrxl: bool, obs_shape: tuple, action_dims: list) -> None:
+    config = small_config(transformer_options(positional_encoding, layer_norm, gtrxl))
+    model = ActorCriticModel(config, obs_shape, action_dims)
+    b, q, s, length, k, d = 3, 2, 6, config.transformer.memory_length, 2, 16
+    memory = torch.randn(b, s, k, d)
+    steps = torch.arange(s).expand(b, s)
+    mask = torch.rand(b, q, s) < 0.5
+    out = model(torch.rand(b, q, *obs_shape), model.project_memory(memory, steps), mask, return_attention=True)
+    assert [tuple(x.shape) for x in out.logits] == [(b, q, n) for n in action_dims]
+    assert out.value.shape == (b, q)
+    assert out.tokens.shape == (b, q, k, d)
+    assert [tuple(w.shape) for w in out.attention] == [(b, 2, q, s)] * k
+    actions, log_probs = sample_actions(out.logits)
+    assert actions.shape == (b, q, len(action_dims)) and log_probs.shape == (b, q)
+    window = model.forward_windows(torch.rand(b, *obs_shape), memory[:, :length], steps[:, :length], mask[:, 0, :length])
+    assert window.value.shape == (b, 1) and window.tokens.shape == (b, 1, k, d)
+
+
+@pytest.mark.parametrize("positional_encoding,layer_norm,gtrxl", OPTIONS)
+def test_empty_memory_ignores_padding(positional_encoding: str, layer_norm: str, gtrxl: bool) -> None:
+    torch.manual_seed(0)
+    config = small_config(transformer_options(positional_encoding, layer_norm, gtrxl))
+    model = ActorCriticModel(config, (5,), [3])
+    length = config.transformer.memory_length
+    obs = torch.rand(4, 5)
+    visible = ring_mask(torch.zeros(4, dtype=torch.long), length)  # episode step 0: nothing visible
+    assert not visible.any()
+    outputs = []
+    for padding in (torch.zeros(4, length, 2, 16), torch.randn(4, length, 2, 16) * 100, torch.full((4, length, 2, 16), 1e6)):
+        steps = torch.randint(0, 50, (4, length))
+        out = model.forward_windows(obs, padding, steps, visible, return_attention=True)
+        assert torch.isfinite(out.value).all() and all(torch.isfinite(x).all() for x in out.logits)
+        assert all((w == 0).all() for w in out.attention)
+        outputs.append(out)
+    for out in outputs[1:]:
+        assert torch.equal(out.value, outputs[0].value)
+        assert all(torch.equal(a, b) for a, b in zip(out.logits, outputs[0].logits, strict=True))
+
+
+def test_empty_memory_has_finite_zero_gradients_through_attention() -> None:
+    config = small_config(transformer_options("", "pre", False))
+    model = ActorCriticModel(config, (5,), [3])
+    memory = torch.randn(2, 4, 2, 16)
+    out = model.forward_windows(
+        torch.rand(2, 5), memory, torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, 4, dtype=torch.bool)
+    )
+    out.value.sum().backward()
+    for block in model.transformer.blocks:
+        grad = block.attention.key_value.weight.grad
+        assert grad is not None and torch.isfinite(grad).all() and (grad == 0).all()
+
+
+def test_memory_changes_the_output_when_visible() -> None:
+    # The memory must matter: the same observation with different visible memory gives a different value.
+    torch.manual_seed(1)
+    model = ActorCriticModel(small_config(), (5,), [3])
+    obs, steps, visible = torch.rand(1, 5), torch.arange(4).unsqueeze(0), torch.ones(1, 4, dtype=torch.bool)
+    a = model.forward_windows(obs, torch.randn(1, 4, 2, 16), steps, visible).value
+    b = model.forward_windows(obs, torch.randn(1, 4, 2, 16), steps, visible).value
+    assert not torch.allclose(a, b)

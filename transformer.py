@@ -1,0 +1,215 @@
+"""The episodic Transformer-XL memory (TrXL, optionally gated as GTrXL).
+
+Shapes (legend as in buffer.py): B batch, Q queries per batch row, S memory slots per batch row,
+K blocks, D embed dim, H heads, d = D / H head width.
+
+The current step is one token per query. Block i attends from that token (the query) to block i's memory:
+the inputs block i received at earlier steps of the same episode, stored without gradient. Every path through
+the model (rollout with a K/V cache, training on sequence chunks, the plain per-window specification) goes
+through the same two calls per block:
+
+    k, v = block.project_memory(memory_i, positions)    # memory tokens -> keys/values, (B, H, S, d)
+    h = block(h, k, v, mask)                            # (B, Q, D) queries attend to the slots mask allows
+
+A query with no visible memory slot (the first step of an episode) gets no attention contribution at all: the
+attention output is exactly zero, whatever the padding holds.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from config import TransformerConfig
+
+LEARNED_POSITIONS = 2048  # rows of the learned positional table; later episode steps share the last row
+
+
+def sinusoidal_encoding(steps: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sinusoidal position encoding of integer episode steps.
+
+    Args:
+        steps: (...) integer episode steps.
+        dim: encoding width D (even).
+
+    Returns:
+        (..., D) float32 encoding.
+    """
+    half = dim // 2
+    frequencies = torch.exp(torch.arange(half, device=steps.device, dtype=torch.float32) * (-math.log(10000.0) / half))
+    angles = steps.to(torch.float32).unsqueeze(-1) * frequencies  # (..., D/2)
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+
+class GRUGate(nn.Module):
+    """GTrXL gating layer: a GRU-style gate that replaces the residual connection ``x + y``."""
+
+    def __init__(self, dim: int, bias: float) -> None:
+        super().__init__()
+        self.w = nn.Linear(dim, 3 * dim, bias=False)  # r, z, g from the sub-layer output y
+        self.u_rz = nn.Linear(dim, 2 * dim, bias=False)  # r, z from the stream x
+        self.u_g = nn.Linear(dim, dim, bias=False)
+        self.bias = bias
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Gate the stream ``x`` (B, Q, D) with the sub-layer output ``y`` (B, Q, D)."""
+        wr, wz, wg = self.w(y).chunk(3, dim=-1)
+        ur, uz = self.u_rz(x).chunk(2, dim=-1)
+        r = torch.sigmoid(wr + ur)
+        z = torch.sigmoid(wz + uz - self.bias)
+        h = torch.tanh(wg + self.u_g(r * x))
+        return (1 - z) * x + z * h
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head cross-attention from query tokens to projected memory slots (full D x D projections)."""
+
+    def __init__(self, embed_dim: int, num_heads: int) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.query = nn.Linear(embed_dim, embed_dim, bias=False)
+        self.key_value = nn.Linear(embed_dim, 2 * embed_dim, bias=False)
+        self.out = nn.Linear(embed_dim, embed_dim)
+
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, S, D) -> (B, H, S, d)."""
+        b, s, d = x.shape
+        return x.view(b, s, self.num_heads, d // self.num_heads).transpose(1, 2)
+
+    def project_memory(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of memory tokens (B, S, D), each (B, H, S, d)."""
+        k, v = self.key_value(memory).chunk(2, dim=-1)
+        return self.split_heads(k), self.split_heads(v)
+
+    def forward(
+        self, query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, return_weights: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Attend from ``query`` (B, Q, D) to ``k``/``v`` (B, H, S, d) where ``mask`` (B, Q, S) is True.
+
+        Returns the output (B, Q, D), zero for rows without any visible slot, and, if asked, the attention
+        weights (B, H, Q, S) (zero rows where nothing is visible).
+        """
+        has_memory = mask.any(dim=-1, keepdim=True)  # (B, Q, 1)
+        # A fully masked row is undefined in softmax (NaN on some kernels): open slot 0 for it, then zero its output.
+        first_slot = torch.zeros_like(mask)
+        first_slot[..., 0] = True
+        safe_mask = (mask | (first_slot & ~has_memory)).unsqueeze(1)  # (B, 1, Q, S)
+        q = self.split_heads(self.query(query))  # (B, H, Q, d)
+        weights = None
+        if return_weights:
+            scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, Q, S)
+            weights = scores.masked_fill(~safe_mask, float("-inf")).softmax(dim=-1) * has_memory.unsqueeze(1)
+            attended = weights @ v
+        else:
+            attended = F.scaled_dot_product_attention(q, k, v, attn_mask=safe_mask)  # (B, H, Q, d)
+        b, h, n, d = attended.shape
+        attended = attended.transpose(1, 2).reshape(b, n, h * d)  # (B, Q, D)
+        return torch.where(has_memory, self.out(attended), 0.0), weights
+
+
+class TransformerBlock(nn.Module):
+    """Attention to the block's memory, then a position-wise Linear + ReLU; residual or GRU gate around each."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        dim = config.embed_dim
+        self.layer_norm = config.layer_norm
+        self.attention = MultiHeadAttention(dim, config.num_heads)
+        self.feed_forward = nn.Sequential(nn.Linear(dim, dim), nn.ReLU())
+        if config.layer_norm:
+            self.norm_attention = nn.LayerNorm(dim)
+            self.norm_feed_forward = nn.LayerNorm(dim)
+        if config.layer_norm == "pre":
+            self.norm_memory = nn.LayerNorm(dim)
+        self.gates = nn.ModuleList([GRUGate(dim, config.gtrxl_bias) for _ in range(2)]) if config.gtrxl else None
+
+    def project_memory(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values (B, H, S, d) of memory tokens (B, S, D) that already carry their position encoding."""
+        if self.layer_norm == "pre":
+            memory = self.norm_memory(memory)
+        return self.attention.project_memory(memory)
+
+    def _join(self, index: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.gates[index](x, y) if self.gates is not None else x + y
+
+    def forward(
+        self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, return_weights: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One block on the query tokens ``x`` (B, Q, D); returns (B, Q, D) and optional weights (B, H, Q, S)."""
+        query = self.norm_attention(x) if self.layer_norm == "pre" else x
+        attended, weights = self.attention(query, k, v, mask, return_weights)
+        h = self._join(0, x, attended)
+        if self.layer_norm == "post":
+            h = self.norm_attention(h)
+        forward = self.feed_forward(self.norm_feed_forward(h) if self.layer_norm == "pre" else h)
+        out = self._join(1, h, forward)
+        if self.layer_norm == "post":
+            out = self.norm_feed_forward(out)
+        return out, weights
+
+
+class Transformer(nn.Module):
+    """K blocks over one query token per step, each attending to its own episodic memory."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.blocks = nn.ModuleList([TransformerBlock(config) for _ in range(config.num_blocks)])
+        if config.positional_encoding == "learned":
+            self.learned_positions = nn.Parameter(torch.randn(LEARNED_POSITIONS, config.num_blocks, config.embed_dim) * 0.02)
+
+    def position_encoding(self, steps: torch.Tensor) -> torch.Tensor | None:
+        """Per-block encoding (B, S, K, D) of memory tokens at episode ``steps`` (B, S), or None without encoding."""
+        kind = self.config.positional_encoding
+        if kind == "relative":
+            return sinusoidal_encoding(steps, self.config.embed_dim).unsqueeze(2)  # (B, S, 1, D), same for every block
+        if kind == "learned":
+            return self.learned_positions[steps.clamp(0, LEARNED_POSITIONS - 1)]  # (B, S, K, D)
+        return None
+
+    def project_memory(self, memory: torch.Tensor, steps: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Keys and values of every block's memory.
+
+        Args:
+            memory: (B, S, K, D) memory tokens (any float dtype; computed in float32).
+            steps: (B, S) episode step of each token.
+
+        Returns:
+            K pairs (k, v), each (B, H, S, d).
+        """
+        memory = memory.float()
+        positions = self.position_encoding(steps)
+        if positions is not None:
+            memory = memory + positions
+        return [block.project_memory(memory[:, :, i]) for i, block in enumerate(self.blocks)]
+
+    def forward(
+        self,
+        h: torch.Tensor,
+        keys_values: list[tuple[torch.Tensor, torch.Tensor]],
+        mask: torch.Tensor,
+        return_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor] | None]:
+        """Run the blocks.
+
+        Args:
+            h: (B, Q, D) embedded observations, one token per query step.
+            keys_values: per block (k, v), each (B, H, S, d).
+            mask: (B, Q, S) True where a query may attend to a memory slot.
+            return_weights: also return each block's attention weights.
+
+        Returns:
+            out (B, Q, D); tokens (B, Q, K, D), the block inputs, i.e. the new memory tokens of these steps;
+            per-block weights (B, H, Q, S) or None.
+        """
+        tokens = []
+        weights = [] if return_weights else None
+        for block, (k, v) in zip(self.blocks, keys_values, strict=True):
+            tokens.append(h)
+            h, w = block(h, k, v, mask, return_weights)
+            if return_weights:
+                weights.append(w)
+        return h, torch.stack(tokens, dim=2), weights
