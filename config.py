@@ -69,6 +69,9 @@ class Config:
     max_grad_norm: float
     n_processes: int
     memory_dtype: str
+    checkpoint_interval: int
+    eval_interval: int
+    eval_episodes: int
     transformer: TransformerConfig
     learning_rate_schedule: Schedule
     beta_schedule: Schedule
@@ -138,11 +141,18 @@ SCHEMA: dict[str, tuple] = {
         ('"float32" or "bfloat16"', lambda v: v in ("float32", "bfloat16")),
         "dtype of stored memory tokens",
     ),
+    "checkpoint_interval": (int, 10, _NON_NEGATIVE, "checkpoint every this many updates (0 = only at the end)"),
+    "eval_interval": (int, 50, _NON_NEGATIVE, "evaluate on unseen seeds every this many updates (0 = never)"),
+    "eval_episodes": (int, 10, _POSITIVE, "episodes per evaluation during training"),
     "transformer": (dict, {}, None, "the memory transformer (keys below)"),
     "learning_rate_schedule": (dict, {"initial": 3e-4, "final": 3e-4, "max_decay_steps": 1}, None, "AdamW learning rate"),
     "beta_schedule": (dict, {"initial": 1e-3, "final": 1e-3, "max_decay_steps": 1}, None, "entropy bonus coefficient"),
     "clip_range_schedule": (dict, {"initial": 0.2, "final": 0.2, "max_decay_steps": 1}, None, "PPO clip range"),
 }
+
+
+_KIND_NAMES = {dict: "a mapping of keys to values", int: "an integer (int)", float: "a number (float)", str: "a string",
+               bool: "true or false"}  # fmt: skip
 
 
 def _check_section(values: Any, schema: dict[str, tuple], prefix: str) -> dict:
@@ -170,7 +180,7 @@ def _check_section(values: Any, schema: dict[str, tuple], prefix: str) -> dict:
             except ValueError:
                 pass
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise ConfigError(f"'{name}' must be of type {kind.__name__}, got {value!r} ({type(value).__name__})")
+            raise ConfigError(f"'{name}' must be {_KIND_NAMES[kind]}, got {value!r} ({type(value).__name__})")
         if check is not None and not check[1](value):
             raise ConfigError(f"'{name}' must be {check[0]}, got {value!r}")
         out[key] = value
@@ -204,6 +214,11 @@ def validate_config(raw: Any) -> Config:
         raise ConfigError(
             f"'transformer.embed_dim' ({transformer.embed_dim}) must be divisible by 'transformer.num_heads' "
             f"({transformer.num_heads}): change one of them, e.g. embed_dim {transformer.num_heads * 64}"
+        )
+    if transformer.positional_encoding == "relative" and transformer.embed_dim % 2:
+        raise ConfigError(
+            f"'transformer.embed_dim' ({transformer.embed_dim}) must be even for positional_encoding 'relative' "
+            "(sine and cosine halves): use an even embed_dim"
         )
     n, t, m = values["n_workers"], values["worker_steps"], values["n_mini_batch"]
     if (n * t) % m != 0:
@@ -242,8 +257,37 @@ def config_from_dict(values: dict) -> Config:
     return validate_config(values)
 
 
-def load_config(path: str, overrides: dict | None = None) -> Config:
-    """Read a YAML config file, apply ``overrides`` (top-level keys), validate it and return a ``Config``."""
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """Turn command-line ``key=value`` items into {dotted key: value}, values parsed as YAML."""
+    overrides = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set expects key=value (e.g. updates=10 or transformer.memory_length=16), got '{item}'")
+        try:
+            overrides[key] = yaml.safe_load(value)
+        except yaml.YAMLError as error:
+            raise ConfigError(f"--set {key}: '{value}' is not a valid YAML value ({error})") from None
+    return overrides
+
+
+def apply_overrides(raw: dict, overrides: dict[str, Any]) -> dict:
+    """A copy of ``raw`` with each dotted key of ``overrides`` set, e.g. "transformer.memory_length" sets one key of
+    the transformer section and keeps the others, while "environment" replaces the whole section."""
+    raw = copy.deepcopy(raw)
+    for key, value in overrides.items():
+        node = raw
+        *parents, leaf = key.split(".")
+        for parent in parents:
+            if not isinstance(node.setdefault(parent, {}), dict):
+                raise ConfigError(f"--set {key}: '{parent}' is not a section of the config")
+            node = node[parent]
+        node[leaf] = value
+    return raw
+
+
+def load_config(path: str, overrides: dict[str, Any] | None = None) -> Config:
+    """Read a YAML config file, apply ``overrides`` ({dotted key: value}), validate it and return a ``Config``."""
     if not os.path.isfile(path):
         raise ConfigError(f"config file '{path}' does not exist: pass an existing YAML file, e.g. configs/poc_memory_env.yaml")
     with open(path) as file:
@@ -255,5 +299,4 @@ def load_config(path: str, overrides: dict | None = None) -> Config:
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"config file '{path}' must hold a mapping of keys to values, got {type(raw).__name__}")
-    raw.update(overrides or {})
-    return validate_config(raw)
+    return validate_config(apply_overrides(raw, overrides or {}))

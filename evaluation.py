@@ -15,9 +15,8 @@ import torch
 
 from config import Config
 from environments import create_env
-from memory import RolloutMemory
+from memory import MEMORY_DTYPES, RolloutMemory
 from model import ActorCriticModel, sample_actions
-from trainer import MEMORY_DTYPES
 
 EVAL_SEED_OFFSET = 1_000_000
 

@@ -22,6 +22,8 @@ import torch
 
 from model import ActorCriticModel
 
+MEMORY_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
 
 def band_mask(key_episodes: torch.Tensor, query_episodes: torch.Tensor, memory_length: int) -> torch.Tensor:
     """Which memory slots each query of a sequence chunk may attend to.

@@ -6,7 +6,8 @@ Usage:
 
 Options:
   --config=<path>       YAML config [default: configs/poc_memory_env.yaml].
-  --run-id=<id>         Name of the run: summaries/<id>/<time>/ and models/<id>.nn [default: run].
+  --run-id=<id>         Name of the run: summaries/<id>/<time>/, models/<id>.nn, models/<id>/checkpoint.pt [default: run].
+  --resume=<path>       Continue the run saved in this checkpoint (its config, run id and seed; --set still applies).
   --cpu                 Use the CPU even where CUDA is available.
   --seed=<n>            Seed of the model, the sampling and the environments [default: 0].
   --memory-path=<path>  "fast" (K/V cache and banded attention) or "plain" (per-window specification) [default: fast].
@@ -16,29 +17,33 @@ Options:
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
+import tempfile
 
 import torch
-import yaml
 from docopt import docopt
 
-from config import ConfigError, load_config
-from trainer import MEMORY_PATHS, PPOTrainer
+from checkpoint import load_file
+from config import ConfigError, apply_overrides, load_config, parse_overrides, validate_config
+from trainer import MEMORY_PATHS, PPOTrainer, TrainingStopped
+from worker import WorkerError
+
+MIN_FREE_MB = 100  # refuse to start with less free disk space than this for models and summaries
 
 
-def parse_overrides(items: list[str]) -> dict:
-    """Turn ["a=1", "b.c=x"] into {"a": 1, "b": {"c": "x"}} (values parsed as YAML)."""
-    overrides: dict = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--set expects key=value, got '{item}'")
-        node = overrides
-        *parents, leaf = key.split(".")
-        for parent in parents:
-            node = node.setdefault(parent, {})
-        node[leaf] = yaml.safe_load(value)
-    return overrides
+def check_writable(folder: str) -> None:
+    """Fail now, not after an hour of training, if ``folder`` cannot take files."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-test-"):
+            pass
+    except OSError as error:
+        raise OSError(f"cannot write to '{folder}/' ({error.strerror}): fix its permissions or run elsewhere") from None
+    free_mb = shutil.disk_usage(folder).free / 2**20
+    if free_mb < MIN_FREE_MB:
+        raise OSError(f"only {free_mb:.0f} MB free for '{folder}/' (at least {MIN_FREE_MB} MB needed): free some disk space")
 
 
 def main() -> int:
@@ -51,16 +56,42 @@ def main() -> int:
     if args["--memory-path"] not in MEMORY_PATHS:
         print(f"error: --memory-path must be one of {', '.join(MEMORY_PATHS)}, got '{args['--memory-path']}'", file=sys.stderr)
         return 2
+    checkpoint, run_id = None, args["--run-id"]
     try:
-        config = load_config(args["--config"], parse_overrides(args["--set"]))
+        overrides = parse_overrides(args["--set"])
+        if args["--resume"]:
+            checkpoint = load_file(args["--resume"])
+            if checkpoint.get("kind") != "checkpoint":
+                raise ValueError(f"'{args['--resume']}' is a model file, not a checkpoint: use models/<run-id>/checkpoint.pt")
+            config = validate_config(apply_overrides(checkpoint["config"], overrides))
+            run_id, seed = checkpoint["run_id"], checkpoint["seed"]
+        else:
+            config = load_config(args["--config"], overrides)
+        for folder in ("models", "summaries"):
+            check_writable(folder)
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
         return 2
+    except (OSError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     device = torch.device("cuda" if torch.cuda.is_available() and not args["--cpu"] else "cpu")
-    print(f"training {args['--run-id']} on {device} with {args['--config']}", flush=True)
-    trainer = PPOTrainer(config, args["--run-id"], device, seed, args["--memory-path"])
-    trainer.run()
-    print(f"saved models/{args['--run-id']}.nn")
+    source = f"checkpoint {args['--resume']}" if checkpoint else args["--config"]
+    print(f"training {run_id} on {device} from {source}", flush=True)
+    try:
+        trainer = PPOTrainer(config, run_id, device, seed, args["--memory-path"], checkpoint=checkpoint)
+    except WorkerError as error:
+        print(f"error: the environment failed to start: {error}", file=sys.stderr)
+        return 1
+    except (ValueError, KeyError) as error:
+        print(f"error: the checkpoint does not fit this environment or config: {error}", file=sys.stderr)
+        return 2
+    try:
+        trainer.run()
+    except TrainingStopped as error:
+        print(error, file=sys.stderr)
+        return 130 if isinstance(error.__cause__, KeyboardInterrupt) else 1
+    print(f"saved {trainer.model_path} and {trainer.checkpoint_path}")
     return 0
 
 

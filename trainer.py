@@ -5,7 +5,9 @@ Shapes follow the legend in buffer.py.
 
 from __future__ import annotations
 
+import copy
 import os
+import signal
 import time
 from collections import defaultdict
 from typing import NamedTuple
@@ -15,14 +17,14 @@ import torch
 from torch.utils.tensorboard import SummaryWriter
 
 from buffer import Buffer, Minibatch
-from checkpoint import save_model
+from checkpoint import atomic_save, save_model
 from config import Config
-from memory import RolloutMemory
+from evaluation import evaluate
+from memory import MEMORY_DTYPES, RolloutMemory
 from model import ActorCriticModel, ModelOutput, distributions, entropy, log_prob, sample_actions
-from worker import Workers
+from worker import WorkerError, Workers
 
 MEMORY_PATHS = ("fast", "plain")
-MEMORY_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def forward_minibatch(model: ActorCriticModel, minibatch: Minibatch, memory_length: int, path: str) -> ModelOutput:
@@ -55,8 +57,24 @@ class RolloutStats(NamedTuple):
     episodes: dict[str, list[float]]
 
 
+class TrainingStopped(RuntimeError):
+    """Training stopped early (signal, failing worker, non-finite loss); a checkpoint of the last good update exists."""
+
+
+class NonFiniteError(RuntimeError):
+    """A loss or gradient became NaN or infinite."""
+
+
 class PPOTrainer:
-    """Runs the whole training loop for one config."""
+    """Runs the whole training loop for one config.
+
+    Checkpoints. After every update (and before the first) the trainer takes a snapshot of everything a resumed run
+    needs: model, optimizer, counters, random number generator states, each worker's memory ring and the carried
+    trace, and the environments' state (their episode counters and the actions of the running episodes, which
+    ``Workers.restore`` replays). The snapshot is written to ``models/<run-id>/checkpoint.pt`` every
+    ``checkpoint_interval`` updates, at the end, and whenever training stops early, so a stop never loses more than
+    the update in progress.
+    """
 
     def __init__(
         self,
@@ -67,16 +85,19 @@ class PPOTrainer:
         memory_path: str = "fast",
         models_dir: str = "models",
         summaries_dir: str = "summaries",
+        checkpoint: dict | None = None,
     ) -> None:
+        """Build workers, model, optimizer, buffer and memory; with ``checkpoint``, continue that run exactly."""
         if memory_path not in MEMORY_PATHS:
             raise ValueError(f"memory path '{memory_path}' is unknown: use one of {', '.join(MEMORY_PATHS)}")
         self.config = config
         self.run_id = run_id
         self.device = device
+        self.seed = seed
         self.memory_path = memory_path
-        self.models_dir = models_dir
+        self.model_path = os.path.join(models_dir, f"{run_id}.nn")
+        self.checkpoint_path = os.path.join(models_dir, run_id, "checkpoint.pt")
         torch.manual_seed(seed)
-        np.random.seed(seed)
         self.generator = torch.Generator().manual_seed(seed)
 
         self.workers = Workers(config.environment, config.n_workers, config.n_processes, seed)
@@ -91,19 +112,77 @@ class PPOTrainer:
             len(action_dims), memory_dtype, device,
         )  # fmt: skip
         self.memory = RolloutMemory(
-            config.n_workers,
-            tf.memory_length,
-            tf.num_blocks,
-            tf.embed_dim,
-            memory_dtype,
-            device,
-            cache_kv=memory_path == "fast",
+            config.n_workers, tf.memory_length, tf.num_blocks, tf.embed_dim, memory_dtype, device, memory_path == "fast"
         )
-        self.obs = self._tensor(self.workers.reset())
         self.update = 0
         self.env_steps = 0
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        self.writer = SummaryWriter(os.path.join(summaries_dir, run_id, stamp))
+        if checkpoint is None:
+            self.obs = self._tensor(self.workers.reset())
+            self.summary_dir = os.path.join(summaries_dir, run_id, time.strftime("%Y%m%d-%H%M%S"))
+        else:
+            self._restore(checkpoint)
+        self.writer = SummaryWriter(self.summary_dir)
+        self.snapshot: dict | None = None
+
+    def snapshot_state(self) -> dict:
+        """Everything a resumed run needs, copied (the model keeps training after this)."""
+        length = self.config.transformer.memory_length
+        return {
+            "kind": "checkpoint",
+            "model": {key: value.detach().cpu().clone() for key, value in self.model.state_dict().items()},
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "config": self.config.to_dict(),
+            "observation_shape": list(self.model.observation_shape),
+            "action_dims": list(self.model.action_dims),
+            "run_id": self.run_id,
+            "seed": self.seed,
+            "memory_path": self.memory_path,
+            "summary_dir": self.summary_dir,
+            "update": self.update,
+            "env_steps": self.env_steps,
+            "rng": {
+                "torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else [],
+                "minibatch": self.generator.get_state(),
+            },
+            "workers": self.workers.state(),
+            "memory": {
+                "tokens": self.memory.tokens.cpu().clone(),
+                "token_steps": self.memory.token_steps.cpu().clone(),
+                "episode_steps": self.memory.episode_steps.cpu().clone(),
+                "episode_ids": self.memory.episode_ids.cpu().clone(),
+            },
+            "trace": {
+                "tokens": self.buffer.trace[:, -length:].cpu().clone(),
+                "steps": self.buffer.trace_steps[:, -length:].cpu().clone(),
+                "episodes": self.buffer.trace_episodes[:, -length:].cpu().clone(),
+            },
+        }
+
+    def _restore(self, checkpoint: dict) -> None:
+        """Load a ``snapshot_state`` payload into this freshly built trainer."""
+        length = self.config.transformer.memory_length
+        found = (tuple(checkpoint["observation_shape"]), list(checkpoint["action_dims"]))
+        expected = (tuple(self.model.observation_shape), list(self.model.action_dims))
+        if found != expected:
+            raise ValueError(
+                f"the checkpoint's model takes observations {found[0]} and actions {found[1]}, but the environment "
+                f"gives observations {expected[0]} and actions {expected[1]}: resume with the config it was trained with"
+            )
+        self.model.load_state_dict(checkpoint["model"])
+        self.optimizer.load_state_dict(checkpoint["optimizer"])
+        self.update, self.env_steps = checkpoint["update"], checkpoint["env_steps"]
+        self.summary_dir = checkpoint["summary_dir"]
+        torch.set_rng_state(checkpoint["rng"]["torch"])
+        if self.device.type == "cuda" and checkpoint["rng"]["cuda"]:
+            torch.cuda.set_rng_state_all(checkpoint["rng"]["cuda"])
+        self.generator.set_state(checkpoint["rng"]["minibatch"])
+        for key, value in checkpoint["memory"].items():
+            getattr(self.memory, key).copy_(value)
+        self.buffer.trace[:, -length:] = checkpoint["trace"]["tokens"].to(self.device)
+        self.buffer.trace_steps[:, -length:] = checkpoint["trace"]["steps"].to(self.device)
+        self.buffer.trace_episodes[:, -length:] = checkpoint["trace"]["episodes"].to(self.device)
+        self.obs = self._tensor(self.workers.restore(checkpoint["workers"]))
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(array, dtype=torch.float32, device=self.device)
@@ -187,10 +266,14 @@ class PPOTrainer:
         entropy_bonus = entropy(dists).mean()
         loss = policy_loss + self.config.value_loss_coefficient * value_loss - beta * entropy_bonus
 
+        if not torch.isfinite(loss):
+            raise NonFiniteError(f"the loss became {loss.item()} in update {self.update + 1}")
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norms = self._grad_norms()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+        total_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+        if not torch.isfinite(total_norm):
+            raise NonFiniteError(f"the gradient norm became {total_norm.item()} in update {self.update + 1}")
         self.optimizer.step()
         with torch.no_grad():
             stats = {
@@ -242,29 +325,87 @@ class PPOTrainer:
         )
         return line
 
+    def evaluate(self) -> dict[str, float]:
+        """Evaluate on unseen seeds, log under ``evaluation/``, and return the metric means."""
+        results = evaluate(self.model, self.config, self.device, self.config.eval_episodes, seed=self.update)
+        means = {key: float(np.mean([r[key] for r in results if key in r])) for key in results[0]}
+        for key, value in means.items():
+            self.writer.add_scalar(f"evaluation/{key}_mean", value, self.env_steps)
+        return means
+
+    def save_checkpoint(self, payload: dict | None = None) -> None:
+        """Write a snapshot (default: the current state) to the checkpoint file, atomically."""
+        atomic_save(payload if payload is not None else self.snapshot_state(), self.checkpoint_path)
+
     def run(self, log_every: int = 1) -> dict[str, float]:
-        """Train for the configured number of updates; returns the episode means of the last update with episodes."""
+        """Train until ``updates``; returns the episode means of the last update in which episodes ended.
+
+        Stops early with ``TrainingStopped`` on SIGINT/SIGTERM, a failing worker or a non-finite loss, after writing
+        the snapshot of the last completed update as checkpoint and the model file.
+        """
+        config = self.config
         last_means: dict[str, float] = {}
-        start = time.time()
+        start, start_update = time.time(), self.update
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        for sig in previous:
+            signal.signal(sig, _raise_interrupt)
         try:
-            while self.update < self.config.updates:
+            self.snapshot = self.snapshot_state()
+            while self.update < config.updates:
                 tick = time.time()
                 rollout = self.rollout()
                 stats = self.optimize()
                 line = self.log(rollout, stats, time.time() - tick)
                 self.update += 1
+                self.snapshot = self.snapshot_state()
+                if config.checkpoint_interval and self.update % config.checkpoint_interval == 0:
+                    self.save_checkpoint(self.snapshot)
                 if rollout.episodes:
                     last_means = {key: float(np.mean(values)) for key, values in rollout.episodes.items()}
-                if self.update % log_every == 0 or self.update == self.config.updates:
+                if config.eval_interval and (self.update % config.eval_interval == 0 or self.update == config.updates):
+                    evaluation = self.evaluate()
+                    line += "  eval " + " ".join(f"{k} {v:.3f}" for k, v in evaluation.items() if k in ("reward", "success"))
+                if self.update % log_every == 0 or self.update == config.updates:
+                    done = self.update - start_update
                     elapsed = time.time() - start
-                    left = elapsed / self.update * (self.config.updates - self.update)
+                    left = elapsed / done * (config.updates - self.update)
                     print(f"{line}  [{elapsed:5.0f}s, ~{left:.0f}s left]", flush=True)
+            self.save_checkpoint(self.snapshot)
+            save_model(self.model, config, self.model_path)
+        except (KeyboardInterrupt, WorkerError, NonFiniteError) as error:
+            self._stop(error)
         finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
             self.close()
-        save_model(self.model, self.config, os.path.join(self.models_dir, f"{self.run_id}.nn"))
         return last_means
+
+    def _stop(self, error: BaseException) -> None:
+        """Keep the last good update on disk, then raise TrainingStopped explaining why and how to resume."""
+        reason = {
+            KeyboardInterrupt: "interrupted",
+            WorkerError: "an environment worker failed",
+            NonFiniteError: "a non-finite loss or gradient",
+        }[type(error)]
+        kept = "nothing (it stopped before the first update)"
+        if self.snapshot is not None:
+            self.save_checkpoint(self.snapshot)
+            model = ActorCriticModel(self.config, self.model.observation_shape, self.model.action_dims)
+            model.load_state_dict(self.snapshot["model"])
+            save_model(model, self.config, self.model_path)
+            kept = f"{self.checkpoint_path} (after update {self.snapshot['update']})"
+        message = f"training stopped: {reason} during update {self.update + 1}"
+        if not isinstance(error, KeyboardInterrupt):
+            message += f": {error}"
+        message += f"\nkept {kept}; continue with: python train.py --resume={self.checkpoint_path}"
+        raise TrainingStopped(message) from error
 
     def close(self) -> None:
         """Stop the workers and flush the summaries."""
         self.workers.close()
         self.writer.close()
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    """SIGINT and SIGTERM both stop training through the same path as Ctrl-C."""
+    raise KeyboardInterrupt(f"signal {signum}")

@@ -1,4 +1,4 @@
-"""Tests of worker.py: equivalence of in-process and subprocess stepping, same-step autoreset, failure reporting."""
+"""Tests of worker.py: in-process vs subprocess stepping, same-step autoreset, failure reporting, seeding, restore."""
 
 import os
 
@@ -6,6 +6,7 @@ os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
 os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
 
 import contextlib  # noqa: E402
+import io  # noqa: E402
 import multiprocessing  # noqa: E402
 import signal  # noqa: E402
 import time  # noqa: E402
@@ -13,13 +14,16 @@ from collections.abc import Iterator  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from environments import create_env  # noqa: E402
-from worker import StepResult, WorkerError, Workers  # noqa: E402
+from worker import StepResult, WorkerError, Workers, episode_seed  # noqa: E402
 
 POC = {"type": "PocMemoryEnv"}
 POC_GLOB = {"type": "PocMemoryEnv", "glob": True, "freeze": False}
 MORTAR_2 = {"type": "MemoryGym", "name": "MortarMayhem-Grid-v0", "reset_params": {"command_count": [2]}}
+CARTPOLE = {"type": "CartPole"}
+MINIGRID = {"type": "MiniGrid", "name": "MiniGrid-MemoryS9-v0"}
 
 
 @contextlib.contextmanager
@@ -38,6 +42,11 @@ def time_limit(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
+def random_actions(rng: np.random.Generator, workers: Workers) -> np.ndarray:
+    """Draws one uniformly random action (N, A) per environment."""
+    return np.stack([rng.integers(0, n, size=workers.n_envs) for n in workers.action_dims], axis=1)
+
+
 def rollout(config: dict, n_envs: int, n_processes: int, n_steps: int, seed: int = 0) -> tuple[np.ndarray, list[StepResult]]:
     """Resets and steps Workers with random actions drawn from a fixed generator.
 
@@ -49,8 +58,7 @@ def rollout(config: dict, n_envs: int, n_processes: int, n_steps: int, seed: int
         first = workers.reset()
         results = []
         for _ in range(n_steps):
-            actions = np.stack([rng.integers(0, n, size=n_envs) for n in workers.action_dims], axis=1)
-            results.append(workers.step(actions))
+            results.append(workers.step(random_actions(rng, workers)))
     return first, results
 
 
@@ -75,12 +83,54 @@ def test_in_process_and_subprocesses_agree(config: dict, n_envs: int, n_steps: i
         assert_same_results(expected, actual)
 
 
-def test_first_reset_seeds_env_i_with_seed_plus_i() -> None:
+def test_each_reset_seeds_env_i_with_its_episode_seed() -> None:
     with Workers(POC_GLOB, 4, 2, seed=10) as workers:
-        obs = workers.reset()
-        assert obs.shape == (4, 3) and obs.dtype == np.float32
+        first = workers.reset()
+        assert first.shape == (4, 3) and first.dtype == np.float32
+        assert workers.state() == [{"episode": 0, "actions": []}] * 4
+        second = workers.reset()  # a further reset() starts each environment's next episode
+        assert workers.state() == [{"episode": 1, "actions": []}] * 4
     for i in range(4):
-        assert np.array_equal(obs[i], create_env(POC_GLOB).reset(seed=10 + i)[0])
+        assert np.array_equal(first[i], create_env(POC_GLOB).reset(seed=episode_seed(10, i, 0))[0])
+        assert np.array_equal(second[i], create_env(POC_GLOB).reset(seed=episode_seed(10, i, 1))[0])
+
+
+def test_episode_seeds_differ_across_envs_episodes_and_base_seeds() -> None:
+    seeds = {episode_seed(base, i, k) for base in range(3) for i in range(8) for k in range(8)}
+    assert len(seeds) == 3 * 8 * 8
+    assert all(0 <= seed < 2**32 for seed in seeds)
+    assert episode_seed(5, 2, 3) == int(np.random.SeedSequence([5, 2, 3]).generate_state(1)[0])  # the documented formula
+
+
+def test_autoresets_use_episode_seeds_and_vary_the_goal_side() -> None:
+    with Workers(POC, 4, 0, seed=0) as workers:
+        obs = workers.reset()
+        sides = [[obs[i][2]] for i in range(4)]  # right goal signal: +1 when the right goal rewards
+        for _ in range(70):  # always right: 2 frozen steps and 5 moves, so 10 episodes per environment
+            result = workers.step(np.ones((4, 1), dtype=np.int64))
+            for i in result.final_obs:
+                expected = create_env(POC).reset(seed=episode_seed(0, i, len(sides[i])))[0]
+                assert np.array_equal(result.obs[i], expected)
+                sides[i].append(result.obs[i][2])
+        assert [state["episode"] for state in workers.state()] == [10] * 4
+    assert len({side[0] for side in sides}) == 2  # first episodes differ across environments
+    assert all(set(side) == {-1.0, 1.0} for side in sides)  # and episodes differ within each environment
+
+
+def test_memory_gym_episode_seeds_vary_and_stay_in_their_ranges() -> None:
+    for evaluation, low, high in ((False, 0, 100_000), (True, 100_000, 200_000)):
+        env = create_env(MORTAR_2, evaluation=evaluation)
+        drawn = []
+        for i in range(3):
+            for k in range(3):
+                env.reset(seed=episode_seed(0, i, k))
+                drawn.append(env.episode_seed)
+        assert all(low <= seed < high for seed in drawn)
+        assert len(set(drawn)) == len(drawn)
+    with Workers(MORTAR_2, 2, 0, seed=0, evaluation=True) as workers:
+        obs = workers.reset()
+    for i in range(2):  # env is the evaluation instance built last
+        assert np.array_equal(obs[i], env.reset(seed=episode_seed(0, i, 0))[0])
 
 
 @pytest.mark.parametrize("n_processes", [0, 2])
@@ -223,9 +273,111 @@ def test_children_ignore_sigint() -> None:
 def test_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError, match="n_processes"):
         Workers(POC, 2, 3, seed=0)
+    with pytest.raises(ValueError, match="seed = -1"):
+        Workers(POC, 2, 0, seed=-1)
     with pytest.raises(ValueError, match="environment.type"):
         Workers({"type": "Nope"}, 2, 0, seed=0)
     with Workers(POC, 2, 0, seed=0) as workers:
         workers.reset()
         with pytest.raises(ValueError, match=r"\(2, 1\)"):
             workers.step(np.zeros(2, dtype=np.int64))
+
+
+def continue_after_restore(
+    config: dict, n_envs: int, n_steps: int, n_more: int, processes: tuple[int, int], via_checkpoint: bool = False
+) -> tuple[list[dict], list[StepResult], list[StepResult], list[StepResult]]:
+    """Steps Workers A, restores Workers B from A's state, then steps both with the same further actions.
+
+    Args:
+        processes: n_processes of A and of B.
+        via_checkpoint: Whether the state goes through torch.save and torch.load(weights_only=True) on its way to B.
+
+    Returns:
+        A's state, A's steps before it, then A's and B's StepResults after it.
+    """
+    rng = np.random.default_rng(7)
+    with time_limit(60), Workers(config, n_envs, processes[0], seed=3) as a:
+        a.reset()
+        before = [a.step(random_actions(rng, a)) for _ in range(n_steps)]
+        state = a.state()
+        if via_checkpoint:
+            buffer = io.BytesIO()
+            torch.save({"workers": state}, buffer)
+            buffer.seek(0)
+            state = torch.load(buffer, weights_only=True)["workers"]
+        with Workers(config, n_envs, processes[1], seed=3) as b:
+            assert np.array_equal(b.restore(state), before[-1].obs)
+            assert b.state() == state
+            actions = [random_actions(rng, a) for _ in range(n_more)]
+            expected = [a.step(action) for action in actions]
+            actual = [b.step(action) for action in actions]
+    return state, before, expected, actual
+
+
+def assert_restore_was_tested(state: list[dict], before: list[StepResult], after: list[StepResult]) -> None:
+    """Asserts that A's state came after several episode ends and that an episode running at the snapshot ended later."""
+    assert sum(len(result.episodes) for result in before) >= 2
+    assert max(entry["episode"] for entry in state) >= 1
+    running = {i for i, entry in enumerate(state) if entry["actions"]}
+    ended_later = {i for result in after for i in result.final_obs}
+    assert running & ended_later  # so equal episodes lists also show that replay restored the episode statistics
+
+
+@pytest.mark.parametrize(
+    "config, n_steps, n_more",
+    [(POC_GLOB, 60, 40), (CARTPOLE, 60, 60), (MINIGRID, 110, 96), (MORTAR_2, 60, 40)],
+    ids=["poc", "cartpole", "minigrid", "mortar"],
+)
+def test_restore_continues_bit_for_bit(config: dict, n_steps: int, n_more: int) -> None:
+    state, before, expected, actual = continue_after_restore(config, 3, n_steps, n_more, (0, 0))
+    assert_same_results(expected, actual)
+    assert_restore_was_tested(state, before, expected)
+
+
+@pytest.mark.parametrize(
+    "config, processes", [(POC_GLOB, (0, 2)), (MORTAR_2, (2, 0))], ids=["poc-into-2-processes", "mortar-from-2-processes"]
+)
+def test_restore_across_process_counts_through_a_checkpoint(config: dict, processes: tuple[int, int]) -> None:
+    state, before, expected, actual = continue_after_restore(config, 4, 60, 40, processes, via_checkpoint=True)
+    assert_same_results(expected, actual)
+    assert_restore_was_tested(state, before, expected)
+
+
+@pytest.mark.parametrize("n_processes", [0, 2])
+def test_restore_rejects_a_state_whose_episode_ends_early(n_processes: int) -> None:
+    workers = Workers(POC, 2, n_processes, seed=0)
+    # PoC starts at the centre: 2 frozen steps, then the 5th move to the right reaches the goal at action 7.
+    states = [{"episode": 0, "actions": []}, {"episode": 4, "actions": [[1]] * 10}]
+    with time_limit(20), pytest.raises(WorkerError, match="does not match environment 1") as error:
+        workers.restore(states)
+    assert "episode 4 ended at replayed action 7 of 10" in str(error.value)
+    assert not live_child_pids()  # a failed restore closes the workers, as any WorkerError does
+    workers.close()
+
+
+def test_restore_rejects_malformed_states() -> None:
+    good = {"episode": 2, "actions": [[0], [1]]}
+    cases = [
+        ({"episode": 0}, "states is a dict"),
+        ([good], "states has 1 entries, but these Workers run n_envs = 2"),
+        ([good, [0, []]], r"states\[1\] is a list"),
+        ([good, {"actions": []}], r"states\[1\] lacks the key\(s\) \['episode'\]"),
+        ([good, {"episode": -1, "actions": []}], r"states\[1\]\['episode'\] = -1"),
+        ([good, {"episode": 0, "actions": "01"}], r"states\[1\]\['actions'\] is a str"),
+        ([good, {"episode": 0, "actions": [[0], [2]]}], r"states\[1\]\['actions'\]\[1\] = \[2\] is not an action"),
+        ([good, {"episode": 0, "actions": [[0, 1]]}], r"list of 1 int\(s\) in \[0, n\) for n in action_dims = \[2\]"),
+    ]
+    with Workers(POC, 2, 0, seed=0) as workers:
+        for states, message in cases:
+            with pytest.raises(ValueError, match=message):
+                workers.restore(states)
+        assert workers.restore([good, good]).shape == (2, 3)  # rejected states leave the workers usable
+        assert workers.state() == [good, good]
+
+
+def test_step_and_state_need_a_started_episode() -> None:
+    with Workers(POC, 2, 0, seed=0) as workers:
+        with pytest.raises(RuntimeError, match=r"call reset\(\) or restore\(\) first"):
+            workers.step(np.zeros((2, 1), dtype=np.int64))
+        with pytest.raises(RuntimeError, match=r"call reset\(\) or restore\(\) first"):
+            workers.state()

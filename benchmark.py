@@ -1,0 +1,185 @@
+"""Measure the fast and the plain memory path in one run: throughput, peak memory, FLOPs and the share of peak.
+
+Usage:
+  benchmark.py [options]
+  benchmark.py (-h | --help)
+
+Options:
+  --config=<path>          YAML config [default: configs/mortar_mayhem_grid.yaml].
+  --workers=<n>            n_workers (default: the config's).
+  --steps=<n>              worker_steps (default: the config's).
+  --updates=<n>            Measured updates per path, after one warm-up update [default: 2].
+  --paths=<list>           Comma-separated memory paths to measure [default: fast,plain].
+  --sweep=<lengths>        Also measure fast-path rollout steps/s at these memory lengths, e.g. 32,64,128,256.
+  --set=<key=value>        Override a config key (repeatable), as in train.py.
+  --cpu                    Use the CPU even where CUDA is available.
+  --child=<path>           (internal) measure one path in this process and print its JSON.
+  --overrides=<json>       (internal) config overrides for --child [default: {}].
+  -h --help                Show this help.
+
+Each path runs in its own process, so its peak resident memory is its own. Times: rollout = collecting
+n_workers x worker_steps environment steps (model + environments), train = the PPO epochs on them,
+overall = both. FLOPs are counted with torch's FlopCounterMode on one rollout step and one minibatch
+(forward + backward); the share of peak compares the achieved model FLOP/s with a float32 matrix product
+measured on this machine in the same run. The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+from docopt import docopt
+from torch.utils.flop_counter import FlopCounterMode
+
+from config import load_config, parse_overrides
+from trainer import PPOTrainer, forward_minibatch
+
+
+def matmul_peak_gflops(device: torch.device, size: int = 2048, repeats: int = 5) -> float:
+    """Float32 matrix-product GFLOP/s of this machine (best of ``repeats``)."""
+    a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
+    best = float("inf")
+    for _ in range(repeats + 1):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best / 1e9
+
+
+def count_flops(trainer: PPOTrainer) -> float:
+    """Model MFLOP per environment step: one rollout forward per step, plus epochs x (forward + backward) per sample."""
+    config = trainer.config
+    model, memory = trainer.model, trainer.memory
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        keys_values, mask = memory.inputs(model)
+        out = model(trainer.obs.unsqueeze(1), keys_values, mask)
+        memory_before = memory.episode_steps.clone()
+        memory.append(model, out.tokens[:, 0])
+        memory.episode_steps.copy_(memory_before)
+    rollout = counter.get_total_flops() / config.n_workers
+    minibatch = next(trainer.buffer.minibatches(config.n_mini_batch, config.sequence_length, torch.Generator()))
+    with FlopCounterMode(display=False) as counter:
+        out = forward_minibatch(model, minibatch, config.transformer.memory_length, trainer.memory_path)
+        (out.value.sum() + sum(logits.sum() for logits in out.logits)).backward()
+    model.zero_grad(set_to_none=True)
+    samples = minibatch.obs.shape[0] * minibatch.obs.shape[1]
+    train = counter.get_total_flops() / samples * config.epochs
+    return (rollout + train) / 1e6
+
+
+def measure(config_path: str, overrides: dict, path: str, updates: int, device: torch.device) -> dict:
+    """Time ``updates`` updates of one memory path (after one warm-up update) in this process."""
+    config = load_config(config_path, {**overrides, "eval_interval": 0})
+    folder = tempfile.mkdtemp(prefix="benchmark-")
+    trainer = PPOTrainer(config, "benchmark", device, 0, path, models_dir=folder, summaries_dir=folder)
+    try:
+        trainer.rollout()
+        trainer.optimize()
+        mflop = count_flops(trainer)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        rollout_s = train_s = 0.0
+        for _ in range(updates):
+            start = time.perf_counter()
+            trainer.rollout()
+            middle = time.perf_counter()
+            trainer.optimize()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            rollout_s += middle - start
+            train_s += time.perf_counter() - middle
+    finally:
+        trainer.close()
+    steps = updates * config.n_workers * config.worker_steps
+    overall = steps / (rollout_s + train_s)
+    peak = matmul_peak_gflops(device)
+    result = {
+        "rollout_sps": steps / rollout_s,
+        "train_sps": steps / train_s,
+        "overall_sps": overall,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "mflop_per_step": mflop,
+        "peak_fraction": mflop * 1e6 * overall / (peak * 1e9),
+        "matmul_gflops": peak,
+        "memory_length": config.transformer.memory_length,
+        "workers": config.n_workers,
+        "steps": config.worker_steps,
+    }
+    if device.type == "cuda":
+        result["peak_cuda_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+    return result
+
+
+def run_child(args: dict, path: str, overrides: dict) -> dict:
+    """Measure one path in a fresh process and return its result."""
+    command = [sys.executable, os.path.abspath(__file__), f"--child={path}", f"--config={args['--config']}"]
+    command += [f"--updates={args['--updates']}"] + (["--cpu"] if args["--cpu"] else [])
+    command.append(f"--overrides={json.dumps(overrides)}")
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"measuring the {path} path failed:\n{result.stderr[-4000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    args = docopt(__doc__)
+    device = torch.device("cuda" if torch.cuda.is_available() and not args["--cpu"] else "cpu")
+    if args["--child"]:
+        overrides = json.loads(args["--overrides"])
+        print(json.dumps(measure(args["--config"], overrides, args["--child"], int(args["--updates"]), device)))
+        return 0
+    overrides = parse_overrides(args["--set"])
+    if args["--workers"]:
+        overrides["n_workers"] = int(args["--workers"])
+    if args["--steps"]:
+        overrides["worker_steps"] = int(args["--steps"])
+    config = load_config(args["--config"], overrides)
+    paths = [path for path in args["--paths"].split(",") if path]
+    print(
+        f"benchmark {args['--config']} on {device}: {config.n_workers} workers x {config.worker_steps} steps, "
+        f"memory_length {config.transformer.memory_length}, {args['--updates']} measured updates per path",
+        flush=True,
+    )
+    results = {}
+    for path in paths:
+        results[path] = run_child(args, path, overrides)
+        r = results[path]
+        print(f"{path:>6}: rollout {r['rollout_sps']:8.1f} steps/s  train {r['train_sps']:8.1f} steps/s  "
+              f"overall {r['overall_sps']:8.1f} steps/s  peak RSS {r['peak_rss_mb']:7.0f} MB  "
+              f"{r['mflop_per_step']:8.1f} MFLOP/step  {100 * r['peak_fraction']:5.1f}% of {r['matmul_gflops']:.0f} GFLOP/s",
+              flush=True)  # fmt: skip
+    if args["--sweep"]:
+        print("fast-path rollout steps/s by memory_length:")
+        for length in [int(x) for x in args["--sweep"].split(",")]:
+            sweep = {**overrides, "transformer.memory_length": length}
+            r = run_child({**args, "--updates": "1"}, "fast", sweep)
+            results.setdefault("sweep", {})[length] = r["rollout_sps"]
+            print(f"  memory_length {length:4d}: rollout {r['rollout_sps']:8.1f} steps/s", flush=True)
+    summary = {"config": args["--config"], "workers": config.n_workers, "steps": config.worker_steps,
+               "memory_length": config.transformer.memory_length}  # fmt: skip
+    keys = ("rollout_sps", "train_sps", "overall_sps", "peak_rss_mb", "mflop_per_step", "peak_fraction")
+    for path in paths:
+        summary[path] = {key: round(results[path][key], 4) for key in keys}
+        if "peak_cuda_mb" in results[path]:
+            summary[path]["peak_cuda_mb"] = round(results[path]["peak_cuda_mb"], 1)
+    if "fast" in results and "plain" in results:
+        summary["speedup"] = round(results["fast"]["overall_sps"] / results["plain"]["overall_sps"], 2)
+    if "sweep" in results:
+        summary["sweep_rollout_sps"] = {str(k): round(v, 1) for k, v in results["sweep"].items()}
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

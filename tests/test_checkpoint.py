@@ -1,0 +1,62 @@
+"""Checkpoints: safe to load, atomic, and a resumed run ends exactly where an uninterrupted one does."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from conftest import small_config
+
+from checkpoint import atomic_save, load_model
+from trainer import PPOTrainer
+
+
+def train(tmp_path: str, name: str, updates: int, checkpoint: dict | None = None, **overrides: object) -> PPOTrainer:
+    config = small_config(updates=updates, eval_interval=0, **overrides)
+    folder = os.path.join(tmp_path, name)
+    trainer = PPOTrainer(
+        config, name, torch.device("cpu"), seed=5, models_dir=folder, summaries_dir=folder, checkpoint=checkpoint
+    )
+    trainer.run()
+    return trainer
+
+
+@pytest.mark.parametrize("n_processes", [0, 2])
+def test_resumed_run_equals_uninterrupted_run(tmp_path: str, n_processes: int) -> None:
+    # worker_steps 20 and PoC episodes of up to 32 steps: episodes run across the interruption
+    options = dict(worker_steps=20, sequence_length=10, n_processes=n_processes)
+    whole = train(tmp_path, "whole", 4, **options)
+    first = train(tmp_path, "first", 2, **options)
+    checkpoint = torch.load(first.checkpoint_path, weights_only=True)
+    assert checkpoint["update"] == 2
+    assert any(state["actions"] for state in checkpoint["workers"]), "an episode must be running at the interruption"
+    resumed = train(tmp_path, "first", 4, checkpoint=checkpoint, **options)
+    assert resumed.env_steps == whole.env_steps
+    for (name, a), (_, b) in zip(whole.model.state_dict().items(), resumed.model.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_checkpoint_loads_weights_only_and_model_file_round_trips(tmp_path: str) -> None:
+    trainer = train(tmp_path, "files", 1)
+    payload = torch.load(trainer.checkpoint_path, weights_only=True)
+    for key in ("model", "optimizer", "config", "update", "env_steps", "rng", "workers", "memory", "trace"):
+        assert key in payload
+    model, config = load_model(trainer.model_path, torch.device("cpu"))
+    assert config == trainer.config
+    for (name, a), (_, b) in zip(model.state_dict().items(), trainer.model.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_atomic_save_keeps_the_old_file_when_writing_fails(tmp_path: str) -> None:
+    path = os.path.join(tmp_path, "file.pt")
+    atomic_save({"version": 1}, path)
+
+    class Unpicklable:
+        def __reduce__(self) -> tuple:
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        atomic_save({"version": 2, "bad": Unpicklable()}, path)
+    assert torch.load(path, weights_only=True) == {"version": 1}
+    assert os.listdir(tmp_path) == ["file.pt"]

@@ -1,0 +1,289 @@
+"""Bad input, faults and interruptions: a clear message, no process left behind, the work so far kept."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import yaml
+from conftest import small_config
+
+import trainer as trainer_module
+from checkpoint import load_file
+from config import ConfigError, validate_config
+from trainer import PPOTrainer, TrainingStopped
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GOOD = {
+    "environment": {"type": "PocMemoryEnv"},
+    "n_workers": 2,
+    "worker_steps": 8,
+    "n_mini_batch": 1,
+    "transformer": {"num_blocks": 1, "embed_dim": 8, "num_heads": 2, "memory_length": 4},
+}
+
+
+def with_change(path: str, value: object) -> dict:
+    """GOOD with one (dotted) key set, or removed when value is ...; unknown keys are added."""
+    raw = yaml.safe_load(yaml.safe_dump(GOOD))
+    *parents, leaf = path.split(".")
+    node = raw
+    for parent in parents:
+        node = node.setdefault(parent, {})
+    if value is ...:
+        node.pop(leaf)
+    else:
+        node[leaf] = value
+    return raw
+
+
+# (change, words the message must contain)
+BAD_CONFIGS = [
+    (("epochz", 3), ["epochz", "Allowed keys"]),
+    (("environment", ...), ["environment", "missing"]),
+    (("environment.type", ...), ["environment.type"]),
+    (("gamma", "high"), ["gamma", "'high'", "float"]),
+    (("n_workers", 0), ["n_workers", "0", "> 0"]),
+    (("worker_steps", -8), ["worker_steps", "-8"]),
+    (("updates", 2.5), ["updates", "2.5", "int"]),
+    (("transformer.memory_length", 0), ["transformer.memory_length", "0"]),
+    (("transformer.embed_dim", 9), ["embed_dim", "9", "num_heads"]),
+    (("transformer.num_heads", 3), ["embed_dim", "num_heads", "3"]),
+    (
+        ("transformer", {**GOOD["transformer"], "num_heads": 1, "embed_dim": 7, "positional_encoding": "relative"}),
+        ["even", "7"],
+    ),
+    (("transformer.layer_norm", "middle"), ["transformer.layer_norm", "middle", "pre"]),
+    (("n_mini_batch", 3), ["n_mini_batch", "3", "divisible"]),
+    (("sequence_length", 3), ["sequence_length", "3", "worker_steps"]),
+    (("environment.type", "Atari"), ["environment.type", "Atari"]),
+    (("environment", {"type": "MiniGrid", "name": "MiniGrid-Nope-v0"}), ["environment.name", "MiniGrid-Nope-v0"]),
+    (("environment", {"type": "MemoryGym", "name": "MortarMayhem-Grid-v0", "reset_params": {"speed": 2}}), ["speed"]),
+    (("transformer.memory_length", 64), ["memory_length", "64", "max_episode_steps", "32"]),
+    (("learning_rate_schedule", {"initial": 1e-3}), ["learning_rate_schedule.final", "missing"]),
+    (("beta_schedule", {"initial": 1e-3, "final": 0.0, "max_decay_steps": 0}), ["beta_schedule.max_decay_steps", "0"]),
+    (("clip_range_schedule", 0.2), ["clip_range_schedule", "mapping"]),
+]
+
+
+@pytest.mark.parametrize("change,words", BAD_CONFIGS, ids=[f"{c[0]}={c[1]!r}"[:60] for c, _ in BAD_CONFIGS])
+def test_config_errors_name_the_key_and_value(change: tuple, words: list[str]) -> None:
+    validate_config(GOOD)  # the base is fine
+    with pytest.raises(ConfigError) as error:
+        validate_config(with_change(*change))
+    for word in words:
+        assert word in str(error.value), f"'{word}' missing from: {error.value}"
+
+
+def run_train(tmp_path: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    command = [sys.executable, os.path.join(ROOT, "train.py"), "--cpu", *args]
+    return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
+
+
+def write_config(tmp_path: str, raw: dict | str) -> str:
+    path = os.path.join(tmp_path, "config.yaml")
+    with open(path, "w") as file:
+        file.write(raw if isinstance(raw, str) else yaml.safe_dump(raw))
+    return path
+
+
+@pytest.mark.parametrize(
+    "content,words",
+    [
+        (with_change("transformer.embed_dim", 9), ["embed_dim", "9"]),
+        ("gamma: [0.9\nupdates: 3", ["not valid YAML"]),
+        (None, ["does not exist"]),
+    ],
+    ids=["bad value", "bad yaml", "missing file"],
+)
+def test_cli_config_errors_exit_fast_without_traceback(tmp_path: str, content: object, words: list[str]) -> None:
+    path = write_config(tmp_path, content) if content is not None else os.path.join(tmp_path, "nope.yaml")
+    start = time.time()
+    result = run_train(tmp_path, f"--config={path}")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    for word in words:
+        assert word in result.stderr
+    assert time.time() - start < 60
+    assert not os.path.exists(os.path.join(tmp_path, "summaries")), "nothing may start before the config is valid"
+
+
+def leftover_processes(marker: str) -> list[int]:
+    """Processes whose command line contains ``marker`` (a unique run id)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as file:
+                    if marker.encode() in file.read():
+                        pids.append(int(entry))
+            except OSError:
+                continue
+    return pids
+
+
+def failing_config(tmp_path: str, mode: str) -> str:
+    raw = with_change("environment", {"type": "Failing", "fail_at_step": 30, "mode": mode})
+    raw.update(n_processes=2, updates=50)
+    return write_config(tmp_path, raw)
+
+
+@pytest.mark.parametrize("mode", ["raise", "exit"])
+def test_failing_environment_stops_training_with_traceback_and_checkpoint(tmp_path: str, mode: str) -> None:
+    marker = f"fail-{mode}-{os.getpid()}"
+    result = run_train(tmp_path, f"--config={failing_config(tmp_path, mode)}", f"--run-id={marker}", timeout=60)
+    assert result.returncode == 1
+    assert "an environment worker failed" in result.stderr
+    if mode == "raise":
+        assert "deliberate failure at step 30" in result.stderr and "Traceback" in result.stderr  # the worker's own
+    else:
+        assert "exit code 3" in result.stderr
+    checkpoint = load_file(os.path.join(tmp_path, "models", marker, "checkpoint.pt"))
+    assert checkpoint["update"] >= 1  # each env fails at its 30th step: after the first 8-step rollouts
+    assert f"--resume=models/{marker}/checkpoint.pt" in result.stderr
+    time.sleep(0.5)
+    assert leftover_processes(marker) == []
+
+
+def wait_for_line(process: subprocess.Popen, text: str, timeout: float) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        line = process.stdout.readline()
+        if text in line:
+            return
+        if not line and process.poll() is not None:
+            break
+    raise AssertionError(f"'{text}' never appeared")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_writes_checkpoint_and_resume_continues(tmp_path: str, sig: int) -> None:
+    marker = f"signal-{int(sig)}-{os.getpid()}"
+    raw = dict(GOOD, updates=10_000, n_processes=1, checkpoint_interval=0)
+    command = [sys.executable, os.path.join(ROOT, "train.py"), "--cpu", f"--config={write_config(tmp_path, raw)}"]
+    process = subprocess.Popen(
+        [*command, f"--run-id={marker}"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        wait_for_line(process, "update    3/", 120)
+        process.send_signal(sig)
+        _, stderr = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert process.returncode == 130
+    assert "interrupted" in stderr and "Traceback" not in stderr
+    path = os.path.join(tmp_path, "models", marker, "checkpoint.pt")
+    saved = load_file(path)["update"]
+    assert saved >= 3
+    assert os.path.isfile(os.path.join(tmp_path, "models", f"{marker}.nn"))
+    time.sleep(0.5)
+    assert leftover_processes(marker) == []
+    result = run_train(tmp_path, f"--resume={path}", f"--set=updates={saved + 2}")
+    assert result.returncode == 0, result.stderr
+    assert f"update {saved + 2:4d}/{saved + 2}" in result.stdout
+    assert load_file(path)["update"] == saved + 2
+
+
+def test_sigkill_leaves_a_usable_checkpoint(tmp_path: str) -> None:
+    marker = f"sigkill-{os.getpid()}"
+    raw = dict(GOOD, updates=10_000, checkpoint_interval=1)
+    command = [sys.executable, os.path.join(ROOT, "train.py"), "--cpu", f"--config={write_config(tmp_path, raw)}"]
+    process = subprocess.Popen(
+        [*command, f"--run-id={marker}"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        wait_for_line(process, "update    5/", 120)
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+    finally:
+        process.kill()
+    path = os.path.join(tmp_path, "models", marker, "checkpoint.pt")
+    saved = load_file(path)["update"]
+    result = run_train(tmp_path, f"--resume={path}", f"--set=updates={saved + 1}")
+    assert result.returncode == 0, result.stderr
+    assert not [name for name in os.listdir(os.path.dirname(path)) if name.startswith(".tmp-")]
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_update(tmp_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = small_config(updates=5, eval_interval=0)
+    trainer = PPOTrainer(config, "nan", torch.device("cpu"), models_dir=str(tmp_path), summaries_dir=str(tmp_path))
+    original = trainer_module.forward_minibatch
+
+    def poisoned(*args: object, **kwargs: object) -> object:
+        out = original(*args, **kwargs)
+        if trainer.update == 2:  # the third update
+            return out._replace(value=out.value * float("nan"))
+        return out
+
+    monkeypatch.setattr(trainer_module, "forward_minibatch", poisoned)
+    with pytest.raises(TrainingStopped) as error:
+        trainer.run()
+    assert "non-finite" in str(error.value) and "update 3" in str(error.value)
+    checkpoint = load_file(os.path.join(tmp_path, "nan", "checkpoint.pt"))
+    assert checkpoint["update"] == 2
+    assert all(torch.isfinite(value).all() for value in checkpoint["model"].values())
+
+
+@pytest.mark.parametrize("tool", ["enjoy", "resume"])
+def test_missing_and_foreign_model_files(tmp_path: str, tool: str) -> None:
+    foreign = os.path.join(tmp_path, "foreign.nn")
+    torch.save({"weights": torch.zeros(3)}, foreign)
+    text = os.path.join(tmp_path, "notes.txt")
+    with open(text, "w") as file:
+        file.write("not a model")
+    for path, words in [
+        (os.path.join(tmp_path, "missing.nn"), "does not exist"),
+        (foreign, "not a model"),
+        (text, "not a model"),
+    ]:
+        if tool == "enjoy":
+            command = [sys.executable, os.path.join(ROOT, "enjoy.py"), f"--model={path}", "--no-render", "--cpu"]
+            result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        else:
+            result = run_train(tmp_path, f"--resume={path}")
+        assert result.returncode == 2, result.stderr
+        assert words in result.stderr and "Traceback" not in result.stderr
+
+
+def test_resume_with_a_mismatched_environment(tmp_path: str) -> None:
+    result = run_train(tmp_path, f"--config={write_config(tmp_path, dict(GOOD, updates=1))}", "--run-id=shape")
+    assert result.returncode == 0, result.stderr
+    path = os.path.join(tmp_path, "models", "shape", "checkpoint.pt")
+    result = run_train(tmp_path, f"--resume={path}", "--set=environment={type: CartPole}")
+    assert result.returncode == 2
+    assert "observations (3,)" in result.stderr and "(4,)" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_unwritable_models_folder_fails_at_start(tmp_path: str) -> None:
+    with open(os.path.join(tmp_path, "models"), "w") as file:  # a file where the folder should be (root ignores chmod)
+        file.write("in the way")
+    result = run_train(tmp_path, f"--config={write_config(tmp_path, GOOD)}")
+    assert result.returncode == 2
+    assert "cannot write to 'models/'" in result.stderr and "Traceback" not in result.stderr
+
+
+def current_rss_mb() -> float:
+    with open("/proc/self/statm") as file:
+        return int(file.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def test_memory_stays_flat_over_many_updates(tmp_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = small_config(updates=20, eval_interval=5, checkpoint_interval=3, n_workers=8, worker_steps=32, sequence_length=16)
+    trainer = PPOTrainer(config, "rss", torch.device("cpu"), models_dir=str(tmp_path), summaries_dir=str(tmp_path))
+    rss = {}
+    original = trainer.log
+
+    def log(*args: object) -> str:
+        rss[trainer.update + 1] = current_rss_mb()
+        return original(*args)
+
+    monkeypatch.setattr(trainer, "log", log)
+    trainer.run()
+    growth = rss[20] - rss[2]
+    print(f"RSS after update 2: {rss[2]:.1f} MB, after update 20: {rss[20]:.1f} MB")
+    assert growth < 15, f"RSS grew by {growth:.1f} MB from update 2 to 20: {rss}"
