@@ -1,7 +1,7 @@
 """Measure the fast and the plain memory path in one run: throughput, peak memory, FLOPs and the share of peak.
 
 Usage:
-  benchmark.py [options]
+  benchmark.py [options] [--set=<key=value>]...
   benchmark.py (-h | --help)
 
 Options:

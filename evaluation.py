@@ -1,9 +1,10 @@
 """Evaluation on unseen seeds, shared by the trainer and enjoy.py; summaries with IQM and bootstrap intervals.
 
 An episode runs through the same ``RolloutMemory`` as training rollouts, so evaluation sees exactly the memory
-windows the agent was trained with. Seeds: Memory Gym draws evaluation episodes from seeds outside its training
-range (start-seed .. start-seed + num-seeds); the other tasks use a separate seed stream, EVAL_SEED_OFFSET + seed,
-while training workers use seed + worker index.
+windows the agent was trained with. Seeds: episode k of an evaluation is reset with
+``episode_seed(seed, 0, k, evaluation=True)``, which is odd, while training episodes get even seeds (worker.py); Memory
+Gym in addition draws evaluation episodes from task seeds outside its training range (start-seed .. start-seed +
+num-seeds).
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ from config import Config
 from environments import create_env
 from memory import MEMORY_DTYPES, RolloutMemory
 from model import ActorCriticModel, sample_actions
-
-EVAL_SEED_OFFSET = 1_000_000
+from worker import episode_seed
 
 # on_step(env, step, attention): called after every agent step; attention is per block (H, L) over the ring slots
 # ordered from oldest to newest visible step, or None when not asked for.
@@ -54,12 +54,12 @@ def evaluate(
     tf = config.transformer
     env = create_env(config.environment, render_mode=render_mode, evaluation=True)
     memory = RolloutMemory(1, tf.memory_length, tf.num_blocks, tf.embed_dim, MEMORY_DTYPES[config.memory_dtype], device)
-    generator = torch.Generator(device=device).manual_seed(EVAL_SEED_OFFSET + seed)
+    generator = torch.Generator(device=device).manual_seed(episode_seed(seed, 0, 0, evaluation=True))
     results = []
     try:
-        obs, _ = env.reset(seed=EVAL_SEED_OFFSET + seed)
         memory.refresh(model)
-        for _ in range(episodes):
+        for episode in range(episodes):
+            obs, _ = env.reset(seed=episode_seed(seed, 0, episode, evaluation=True))
             memory.end_episodes(torch.ones(1, dtype=torch.bool, device=device))
             step, info = 0, {}
             while "episode" not in info:
@@ -79,7 +79,6 @@ def evaluate(
                 if (terminated or truncated) and "episode" not in info:
                     raise RuntimeError(f"environment {config.environment['type']} ended an episode without info['episode']")
             results.append({key: float(value) for key, value in info["episode"].items()})
-            obs, _ = env.reset()
     finally:
         env.close()
     return results

@@ -97,14 +97,20 @@ class RolloutMemory:
     def inputs(
         self, model: ActorCriticModel, index: torch.Tensor | None = None
     ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
-        """Keys/values (per block, (n, H, L, d)) and mask (n, 1, L) for the current step of workers ``index`` (all)."""
+        """Keys/values (per block, (n, H, V, d)) and mask (n, 1, V) for the current step of workers ``index`` (all).
+
+        Only the first V = min(L, largest episode step) ring slots can be visible (slot j holds step j until the ring
+        wraps), so only those are passed on: attention reads as much memory as the episodes have, not L slots.
+        """
         rows = slice(None) if index is None else index
-        mask = ring_mask(self.episode_steps[rows], self.memory_length).unsqueeze(1)
+        steps = self.episode_steps[rows]
+        span = max(1, min(self.memory_length, int(steps.max())))
+        mask = ring_mask(steps, self.memory_length)[:, :span].unsqueeze(1)
         if self.cache_kv:
             if self.keys_values is None:
                 self.refresh(model)
-            return [(k[rows], v[rows]) for k, v in self.keys_values], mask
-        return model.project_memory(self.tokens[rows], self.token_steps[rows]), mask
+            return [(k[rows, :, :span], v[rows, :, :span]) for k, v in self.keys_values], mask
+        return model.project_memory(self.tokens[rows, :span], self.token_steps[rows, :span]), mask
 
     @torch.no_grad()
     def append(self, model: ActorCriticModel, tokens: torch.Tensor) -> None:

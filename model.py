@@ -50,13 +50,15 @@ class ActorCriticModel(nn.Module):
         self.observation_shape = tuple(observation_shape)
         self.action_dims = list(action_dims)
         if len(observation_shape) == 3:
+            # In-place ReLUs: a convolution's output is not needed for its backward, so the minibatch keeps one copy of
+            # each activation instead of two.
             self.conv = nn.Sequential(
                 _orthogonal(nn.Conv2d(observation_shape[0], 32, 8, stride=4), np.sqrt(2)),
-                nn.ReLU(),
+                nn.ReLU(inplace=True),
                 _orthogonal(nn.Conv2d(32, 64, 4, stride=2), np.sqrt(2)),
-                nn.ReLU(),
+                nn.ReLU(inplace=True),
                 _orthogonal(nn.Conv2d(64, 64, 3, stride=1), np.sqrt(2)),
-                nn.ReLU(),
+                nn.ReLU(inplace=True),
                 nn.Flatten(),
             )
             with torch.no_grad():

@@ -54,23 +54,26 @@ class WorkerError(RuntimeError):
     """An environment failed (its traceback is in the message) or a worker process died."""
 
 
-def episode_seed(base_seed: int, index: int, episode: int) -> int:
+def episode_seed(base_seed: int, index: int, episode: int, evaluation: bool = False) -> int:
     """Returns the reset seed of an environment's episode.
 
-    The seed is ``int(np.random.SeedSequence([base_seed, index, episode]).generate_state(1)[0])``, a hash of the three
-    numbers, so that it is fixed without knowing the number of environments and seeds every episode differently. It
-    also keeps runs with neighbouring base seeds apart, which ``base_seed + index`` did not: there, environment 1 of
-    base seed 0 played the episodes of environment 0 of base seed 1.
+    The seed is a hash of the three numbers, ``np.random.SeedSequence([base_seed, index, episode]).generate_state(1)[0]``,
+    so that it is fixed without knowing the number of environments and seeds every episode differently. It also keeps
+    runs with neighbouring base seeds apart, which ``base_seed + index`` did not: there, environment 1 of base seed 0
+    played the episodes of environment 0 of base seed 1. Its lowest bit is then set to 0 for training and to 1 for
+    evaluation, so that evaluation episodes never share a seed with training episodes.
 
     Args:
         base_seed: The seed given to Workers, >= 0.
         index: Global index of the environment, >= 0.
         episode: Number of the episode in this environment, 0 for the one started by the first reset.
+        evaluation: Whether the seed is for an evaluation episode (odd) or a training episode (even).
 
     Returns:
         A seed in [0, 2**32), which every environment of this repo accepts.
     """
-    return int(np.random.SeedSequence([base_seed, index, episode]).generate_state(1)[0])
+    hashed = int(np.random.SeedSequence([base_seed, index, episode]).generate_state(1)[0])
+    return (hashed & ~1) | int(evaluation)
 
 
 def _is_int(value: object) -> bool:
@@ -92,10 +95,11 @@ class _EnvGroup:
             env_config: A validated ``environment:`` config section.
             indices: Global indices of the environments of this group.
             seed: Base seed of the episode seeds, see ``episode_seed``.
-            evaluation: Passed on to ``create_env``.
+            evaluation: Passed on to ``create_env``; also selects evaluation episode seeds.
         """
         self.indices = indices
         self._seed = seed
+        self._evaluation = evaluation
         self.envs: list[gymnasium.Env] = []
         for index in indices:
             self.envs.append(self._call(index, "construction", create_env, env_config, evaluation=evaluation))
@@ -121,7 +125,8 @@ class _EnvGroup:
         self._episodes[j] = episode
         self._actions[j] = []
         # No options: each environment keeps its own reset parameters, see MemoryGymEnv.
-        return self._call(index, "reset", self.envs[j].reset, seed=episode_seed(self._seed, index, episode))[0]
+        seed = episode_seed(self._seed, index, episode, self._evaluation)
+        return self._call(index, "reset", self.envs[j].reset, seed=seed)[0]
 
     def _step_env(self, j: int, action: list[int], what: str) -> tuple:
         """Steps the group's j-th environment and records the action.

@@ -99,7 +99,8 @@ def test_episode_seeds_differ_across_envs_episodes_and_base_seeds() -> None:
     seeds = {episode_seed(base, i, k) for base in range(3) for i in range(8) for k in range(8)}
     assert len(seeds) == 3 * 8 * 8
     assert all(0 <= seed < 2**32 for seed in seeds)
-    assert episode_seed(5, 2, 3) == int(np.random.SeedSequence([5, 2, 3]).generate_state(1)[0])  # the documented formula
+    hashed = int(np.random.SeedSequence([5, 2, 3]).generate_state(1)[0])  # the documented formula
+    assert episode_seed(5, 2, 3) == hashed & ~1 and episode_seed(5, 2, 3, evaluation=True) == hashed | 1
 
 
 def test_autoresets_use_episode_seeds_and_vary_the_goal_side() -> None:
@@ -130,7 +131,7 @@ def test_memory_gym_episode_seeds_vary_and_stay_in_their_ranges() -> None:
     with Workers(MORTAR_2, 2, 0, seed=0, evaluation=True) as workers:
         obs = workers.reset()
     for i in range(2):  # env is the evaluation instance built last
-        assert np.array_equal(obs[i], env.reset(seed=episode_seed(0, i, 0))[0])
+        assert np.array_equal(obs[i], env.reset(seed=episode_seed(0, i, 0, evaluation=True))[0])
 
 
 @pytest.mark.parametrize("n_processes", [0, 2])
