@@ -22,7 +22,7 @@ from config import Config
 from evaluation import evaluate
 from memory import MEMORY_DTYPES, RolloutMemory
 from model import ActorCriticModel, ModelOutput, distributions, entropy, log_prob, sample_actions
-from worker import WorkerError, Workers
+from worker import StepResult, WorkerError, Workers
 
 MEMORY_PATHS = ("fast", "plain")
 
@@ -197,41 +197,52 @@ class PPOTrainer:
     def rollout(self) -> RolloutStats:
         """Collect T steps from every worker into the buffer, then compute advantages."""
         self.model.eval()
-        buffer, memory = self.buffer, self.memory
-        buffer.start_rollout()
-        memory.refresh(self.model)
+        self.buffer.start_rollout()
+        self.memory.refresh(self.model)
         episodes: dict[str, list[float]] = defaultdict(list)
         for t in range(self.config.worker_steps):
-            keys_values, mask = memory.inputs(self.model)
-            out = self.model(self.obs.unsqueeze(1), keys_values, mask)
-            actions, log_probs = sample_actions([logits[:, 0] for logits in out.logits])
-            tokens = out.tokens[:, 0]  # (N, K, D)
-            buffer.record_step(
-                t, self.obs, actions, log_probs, out.value[:, 0], tokens, memory.episode_steps, memory.episode_ids
-            )
-            memory.append(self.model, tokens)
+            actions = self._policy_step(t)
             result = self.workers.step(actions.cpu().numpy())
-            terminated = torch.as_tensor(result.terminated, device=self.device)
-            truncated = torch.as_tensor(result.truncated, device=self.device)
-            final_values = torch.zeros(self.config.n_workers, device=self.device)
-            if truncated.any():
-                # A time limit is no terminal state: bootstrap from the final observation with its own episode's memory.
-                index = truncated.nonzero().squeeze(1)
-                final_obs = self._observations(np.stack([result.final_obs[i] for i in index.tolist()]))
-                keys_values, mask = memory.inputs(self.model, index)
-                final_values[index] = self.model(final_obs.unsqueeze(1), keys_values, mask).value[:, 0]
-            buffer.record_outcome(t, self._tensor(result.rewards), terminated, truncated, final_values)
-            memory.end_episodes(terminated | truncated)
-            self.obs = self._observations(result.obs)
+            self._record_outcome(t, result)
             for episode in result.episodes:
                 for key, value in episode.items():
                     episodes[key].append(float(value))
         # The bootstrap value uses exactly the window the next rollout step will use.
-        keys_values, mask = memory.inputs(self.model)
-        last_values = self.model(self.obs.unsqueeze(1), keys_values, mask).value[:, 0]
-        buffer.compute_advantages(last_values, self.config.gamma, self.config.lamda)
+        self.buffer.compute_advantages(self._values(self.obs), self.config.gamma, self.config.lamda)
         self.env_steps += self.config.n_workers * self.config.worker_steps
         return RolloutStats(dict(episodes))
+
+    def _policy_step(self, t: int) -> torch.Tensor:
+        """Act on the current observations with the memory; store step t and its memory tokens. Returns (N, A)."""
+        memory = self.memory
+        keys_values, mask = memory.inputs(self.model)
+        out = self.model(self.obs.unsqueeze(1), keys_values, mask)
+        actions, log_probs = sample_actions([logits[:, 0] for logits in out.logits])
+        tokens = out.tokens[:, 0]  # (N, K, D)
+        self.buffer.record_step(
+            t, self.obs, actions, log_probs, out.value[:, 0], tokens, memory.episode_steps, memory.episode_ids
+        )
+        memory.append(self.model, tokens)
+        return actions
+
+    def _record_outcome(self, t: int, result: StepResult) -> None:
+        """Store the environments' answer to step t and start new episodes in the memory where episodes ended."""
+        terminated = torch.as_tensor(result.terminated, device=self.device)
+        truncated = torch.as_tensor(result.truncated, device=self.device)
+        final_values = torch.zeros(self.config.n_workers, device=self.device)
+        if truncated.any():
+            # A time limit is no terminal state: bootstrap from the final observation with its own episode's memory.
+            index = truncated.nonzero().squeeze(1)
+            final_obs = self._observations(np.stack([result.final_obs[i] for i in index.tolist()]))
+            final_values[index] = self._values(final_obs, index)
+        self.buffer.record_outcome(t, self._tensor(result.rewards), terminated, truncated, final_values)
+        self.memory.end_episodes(terminated | truncated)
+        self.obs = self._observations(result.obs)
+
+    def _values(self, obs: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
+        """Values (n,) of observations (n, *obs_shape) at the current step of workers ``index`` (all), with their memory."""
+        keys_values, mask = self.memory.inputs(self.model, index)
+        return self.model(obs.unsqueeze(1), keys_values, mask).value[:, 0]
 
     def optimize(self) -> dict[str, float]:
         """Run the PPO epochs over the buffer; returns mean training statistics."""
