@@ -34,24 +34,10 @@ import torch
 from memory import band_mask
 
 
-def quantize_images(obs: torch.Tensor) -> torch.Tensor:
-    """Image observations in [0, 1] as uint8 levels (a quarter of float32's memory).
-
-    Lossless for the shipped tasks, whose images are exact multiples of 1/255; the trainer feeds the model
-    ``dequantize_images(quantize_images(obs))`` in rollouts too, so rollouts and training always see the same pixels.
-    """
-    return (obs * 255).round_().clamp_(0, 255).to(torch.uint8)
-
-
-def dequantize_images(obs: torch.Tensor) -> torch.Tensor:
-    """uint8 levels back to float32 in [0, 1]."""
-    return obs.float() / 255
-
-
 class Minibatch(NamedTuple):
     """B chunks of C consecutive steps, each with the S = C + L - 1 trace slots its windows cover."""
 
-    obs: torch.Tensor  # (B, C, *obs_shape)
+    obs: torch.Tensor  # (B, C, *obs_shape), images as uint8 levels
     actions: torch.Tensor  # (B, C, A)
     log_probs: torch.Tensor  # (B, C)
     values: torch.Tensor  # (B, C)
@@ -81,7 +67,8 @@ class Buffer:
         n, t, length = n_workers, worker_steps, memory_length
         self.n_workers, self.worker_steps, self.memory_length = n, t, length
         self.device = device
-        self.images = len(observation_shape) == 3  # images are stored as uint8 levels, vectors as float32
+        # Images are stored as uint8 levels (see model.quantize_images): a quarter of float32's memory.
+        self.images = len(observation_shape) == 3
         self.obs = torch.zeros(n, t, *observation_shape, dtype=torch.uint8 if self.images else torch.float32, device=device)
         self.actions = torch.zeros(n, t, n_action_dims, dtype=torch.long, device=device)
         self.log_probs = torch.zeros(n, t, device=device)
@@ -113,8 +100,9 @@ class Buffer:
         episode_steps: torch.Tensor,
         episode_ids: torch.Tensor,
     ) -> None:
-        """Store step t of every worker: obs (N, *obs_shape), actions (N, A), log_probs/values (N,), tokens (N, K, D)."""
-        self.obs[:, t] = quantize_images(obs) if self.images else obs
+        """Store step t of every worker: obs (N, *obs_shape) (uint8 levels for images), actions (N, A),
+        log_probs/values (N,), tokens (N, K, D)."""
+        self.obs[:, t] = obs
         self.actions[:, t] = actions
         self.log_probs[:, t] = log_probs
         self.values[:, t] = values
@@ -190,10 +178,8 @@ class Buffer:
             queries = query_episodes[worker, chunk]  # (B, C)
             mask = band_mask(keys, queries, length)  # (B, C, S)
             visible = keys.unfold(1, length, 1) == queries.unsqueeze(2)  # (B, C, L)
-            obs, *rest = (x[worker, chunk] for x in per_step)
             yield Minibatch(
-                dequantize_images(obs) if self.images else obs,
-                *rest,
+                *(x[worker, chunk] for x in per_step),
                 memory=memory[worker, chunk].permute(0, 3, 1, 2),  # (B, S, K, D)
                 memory_steps=memory_steps[worker, chunk],
                 mask=mask,

@@ -61,8 +61,11 @@ def write_video(frames: list[np.ndarray], path: str, fps: int = 8) -> None:
     os.makedirs(folder, exist_ok=True)
     if path.lower().endswith(".gif"):
         imageio.mimsave(path, frames, duration=1000 / fps, loop=0)
-    else:
+        return
+    try:
         imageio.mimsave(path, frames, fps=fps)
+    except (ImportError, ValueError, RuntimeError) as error:
+        raise ValueError(f"cannot write '{path}' ({error}): use a .gif file, or pip install imageio-ffmpeg for .mp4") from None
 
 
 def main() -> int:
@@ -109,7 +112,11 @@ def main() -> int:
     summary = summarize(results, seed=seed)
     print(format_summary(summary))
     if record:
-        write_video(frames, record)
+        try:
+            write_video(frames, record)
+        except ValueError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
         print(f"wrote {len(frames)} frames to {record}")
     if args["--json"]:
         print(json.dumps({"model": args["--model"], "episodes": episodes, "seed": seed, "summary": summary}))

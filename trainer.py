@@ -16,12 +16,12 @@ import numpy as np
 import torch
 from torch.utils.tensorboard import SummaryWriter
 
-from buffer import Buffer, Minibatch, dequantize_images, quantize_images
+from buffer import Buffer, Minibatch
 from checkpoint import atomic_save, save_model
 from config import Config
 from evaluation import evaluate
 from memory import MEMORY_DTYPES, RolloutMemory
-from model import ActorCriticModel, ModelOutput, distributions, entropy, log_prob, sample_actions
+from model import ActorCriticModel, ModelOutput, distributions, entropy, log_prob, quantize_images, sample_actions
 from worker import StepResult, WorkerError, Workers
 
 MEMORY_PATHS = ("fast", "plain")
@@ -189,9 +189,9 @@ class PPOTrainer:
         return torch.as_tensor(array, dtype=torch.float32, device=self.device)
 
     def _observations(self, array: np.ndarray) -> torch.Tensor:
-        """Observations (n, *obs_shape) as the model sees them: images at the precision the buffer stores."""
+        """Observations (n, *obs_shape) as the model takes them and the buffer stores them: images as uint8 levels."""
         obs = self._tensor(array)
-        return dequantize_images(quantize_images(obs)) if self.buffer.images else obs
+        return quantize_images(obs) if self.buffer.images else obs
 
     @torch.no_grad()
     def rollout(self) -> RolloutStats:
