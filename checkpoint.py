@@ -20,7 +20,10 @@ def atomic_save(payload: dict, path: str) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     handle, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".pt")
+    umask = os.umask(0)
+    os.umask(umask)
     try:
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; give it the permissions a plain open() would
         with os.fdopen(handle, "wb") as file:
             torch.save(payload, file)
             file.flush()

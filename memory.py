@@ -97,20 +97,21 @@ class RolloutMemory:
     def inputs(
         self, model: ActorCriticModel, index: torch.Tensor | None = None
     ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
-        """Keys/values (per block, (n, H, V, d)) and mask (n, 1, V) for the current step of workers ``index`` (all).
+        """Keys/values (per block, (n, H, S, d)) and mask (n, 1, S) for the current step of workers ``index`` (all).
 
-        Only the first V = min(L, largest episode step) ring slots can be visible (slot j holds step j until the ring
-        wraps), so only those are passed on: attention reads as much memory as the episodes have, not L slots.
+        Plain path: S = L, the whole window is projected, as the specification says. Fast path: only the first
+        S = min(L, largest episode step) ring slots can be visible (slot j holds step j until the ring wraps), so only
+        their cached keys and values are passed on: attention reads as much memory as the episodes have, not L slots.
         """
         rows = slice(None) if index is None else index
         steps = self.episode_steps[rows]
+        mask = ring_mask(steps, self.memory_length).unsqueeze(1)
+        if not self.cache_kv:
+            return model.project_memory(self.tokens[rows], self.token_steps[rows]), mask
+        if self.keys_values is None:
+            self.refresh(model)
         span = max(1, min(self.memory_length, int(steps.max())))
-        mask = ring_mask(steps, self.memory_length)[:, :span].unsqueeze(1)
-        if self.cache_kv:
-            if self.keys_values is None:
-                self.refresh(model)
-            return [(k[rows, :, :span], v[rows, :, :span]) for k, v in self.keys_values], mask
-        return model.project_memory(self.tokens[rows, :span], self.token_steps[rows, :span]), mask
+        return [(k[rows, :, :span], v[rows, :, :span]) for k, v in self.keys_values], mask[..., :span]
 
     @torch.no_grad()
     def append(self, model: ActorCriticModel, tokens: torch.Tensor) -> None:

@@ -56,14 +56,9 @@ def test_train_smoke_every_config(path: str, tmp_path: str) -> None:
 
 
 def test_enjoy_runs_a_trained_model(tmp_path: str) -> None:
-    command = [
-        sys.executable,
-        os.path.join(ROOT, "train.py"),
-        "--run-id=tiny",
-        "--cpu",
-        "--set=updates=1",
-        "--set=n_workers=2",
-    ]
+    config = os.path.join(ROOT, "configs", "poc_memory_env.yaml")
+    command = [sys.executable, os.path.join(ROOT, "train.py"), f"--config={config}", "--run-id=tiny", "--cpu"]
+    command += ["--set=updates=1", "--set=n_workers=2"]
     assert subprocess.run(command, cwd=tmp_path, capture_output=True, timeout=300).returncode == 0
     enjoy = [sys.executable, os.path.join(ROOT, "enjoy.py"), "--model=models/tiny.nn", "--episodes=3", "--no-render", "--json"]
     result = subprocess.run(enjoy, cwd=tmp_path, capture_output=True, text=True, timeout=300)
