@@ -11,7 +11,7 @@ import tempfile
 
 import torch
 
-from config import Config, ConfigError, config_from_dict
+from config import Config, ConfigError, validate_config
 from model import ActorCriticModel
 
 
@@ -68,7 +68,7 @@ def load_model(path: str, device: torch.device) -> tuple[ActorCriticModel, Confi
     """Rebuild the model and its config from a file written by ``save_model`` (or a checkpoint)."""
     payload = load_file(path)
     try:
-        config = config_from_dict(payload["config"])
+        config = validate_config(payload["config"])
     except ConfigError as error:
         raise ValueError(f"'{path}' holds a config this version cannot read: {error}") from None
     model = ActorCriticModel(config, tuple(payload["observation_shape"]), payload["action_dims"])

@@ -1,8 +1,9 @@
 """Training configuration: loaded from YAML once, validated once, defaults filled in one place.
 
-Every key, its default and its meaning lives in ``SCHEMA`` below (the README's table is written from it).
-``load_config`` turns a YAML file into a ``Config``; ``validate_config`` does the same for a dict (tests and
-checkpoints use it). Errors are ``ConfigError`` with a message that names the key, the bad value and the fix.
+Every key, its default and its meaning lives in ``SCHEMA`` below (the README's table follows it; tests/test_docs.py checks).
+``load_config`` turns a YAML file into a ``Config``; ``validate_config`` does the same for a dict (tests, and
+checkpoints, which store ``Config.to_dict()``). Errors are ``ConfigError`` with a message that names the key, the bad
+value and the fix.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ class Config:
     clip_range_schedule: Schedule
 
     def to_dict(self) -> dict:
-        """Plain dict of builtins (for checkpoints and for ``validate_config`` to read back)."""
+        """Plain dict of builtins (for checkpoints); ``validate_config`` reads it back."""
         return asdict(self)
 
 
@@ -250,11 +251,6 @@ def validate_config(raw: Any) -> Config:
     for key in ("learning_rate_schedule", "beta_schedule", "clip_range_schedule"):
         values[key] = _schedule(values[key], key)
     return Config(**values)
-
-
-def config_from_dict(values: dict) -> Config:
-    """Rebuild a ``Config`` from ``Config.to_dict()`` output (as stored in checkpoints)."""
-    return validate_config(values)
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:

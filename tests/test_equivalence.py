@@ -31,11 +31,13 @@ def make_model(positional_encoding: str, layer_norm: str, gtrxl: bool) -> ActorC
 
 
 @torch.no_grad()
-def rollouts(model: ActorCriticModel, cache_kv: bool, n_rollouts: int = 3, seed: int = 0) -> tuple[Buffer, list[torch.Tensor]]:
+def rollouts(
+    model: ActorCriticModel, cache_kv: bool, n_rollouts: int = 3, seed: int = 0, dtype: torch.dtype = torch.float32
+) -> tuple[Buffer, list[torch.Tensor]]:
     """Drive the buffer and the rollout memory as the trainer does, with random observations and episode ends."""
     generator = torch.Generator().manual_seed(seed)
-    buffer = Buffer(N, T, L, 2, 16, (OBS,), 2, torch.float32, torch.device("cpu"))
-    memory = RolloutMemory(N, L, 2, 16, torch.float32, torch.device("cpu"), cache_kv=cache_kv)
+    buffer = Buffer(N, T, L, 2, 16, (OBS,), 2, dtype, torch.device("cpu"))
+    memory = RolloutMemory(N, L, 2, 16, dtype, torch.device("cpu"), cache_kv=cache_kv)
     outputs = []
     for _ in range(n_rollouts):
         buffer.start_rollout()
@@ -106,19 +108,7 @@ def test_training_fast_path_equals_plain(positional_encoding: str, layer_norm: s
 
 def test_bfloat16_memory_rollout_matches_training() -> None:
     model = make_model("relative", "pre", True)
-    generator = torch.Generator().manual_seed(0)
-    buffer = Buffer(N, T, L, 2, 16, (OBS,), 2, torch.bfloat16, torch.device("cpu"))
-    memory = RolloutMemory(N, L, 2, 16, torch.bfloat16, torch.device("cpu"), cache_kv=True)
-    with torch.no_grad():
-        for t in range(T):
-            obs = torch.rand(N, OBS, generator=generator)
-            keys_values, mask = memory.inputs(model)
-            out = model(obs.unsqueeze(1), keys_values, mask)
-            actions, log_probs = sample_actions([x[:, 0] for x in out.logits])
-            buffer.record_step(
-                t, obs, actions, log_probs, out.value[:, 0], out.tokens[:, 0], memory.episode_steps, memory.episode_ids
-            )
-            memory.append(model, out.tokens[:, 0])
+    buffer, _ = rollouts(model, cache_kv=True, n_rollouts=2, dtype=torch.bfloat16)
     assert buffer.trace.dtype == torch.bfloat16
     for minibatch in buffer.minibatches(3, 4, torch.Generator().manual_seed(0)):
         with torch.no_grad():
