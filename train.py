@@ -84,6 +84,8 @@ def main() -> int:
         print(f"error: the environment failed to start: {error}", file=sys.stderr)
         return 1
     except (ValueError, KeyError) as error:
+        if checkpoint is None:
+            raise
         print(f"error: the checkpoint does not fit this environment or config: {error}", file=sys.stderr)
         return 2
     try:
