@@ -17,7 +17,7 @@ import torch
 from config import Config
 from environments import create_env
 from memory import MEMORY_DTYPES, RolloutMemory
-from model import ActorCriticModel, quantize_images, sample_actions
+from model import ActorCriticModel, sample_actions
 from worker import episode_seed
 
 # on_step(env, step, attention): called after every agent step; attention is per block (H, L) over the ring slots
@@ -64,10 +64,7 @@ def evaluate(
             step, info = 0, {}
             while "episode" not in info:
                 keys_values, mask = memory.inputs(model)
-                obs_tensor = torch.as_tensor(obs, dtype=torch.float32, device=device).view(1, 1, *obs.shape)
-                if obs.ndim == 3:
-                    obs_tensor = quantize_images(obs_tensor)  # images as in training rollouts
-                out = model(obs_tensor, keys_values, mask, return_attention=attention)
+                out = model(model.prepare(obs[None, None]), keys_values, mask, return_attention=attention)
                 actions, _ = sample_actions([x[:, 0] for x in out.logits], deterministic, generator)
                 weights = (
                     _ordered_attention(out.attention, int(memory.episode_steps[0]), tf.memory_length) if attention else None

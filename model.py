@@ -90,6 +90,12 @@ class ActorCriticModel(nn.Module):
         self.value_hidden = _orthogonal(nn.Linear(dim, hidden), np.sqrt(2))
         self.value_head = _orthogonal(nn.Linear(hidden, 1), 1.0)
 
+    def prepare(self, obs: np.ndarray) -> torch.Tensor:
+        """Environment observations (..., *obs_shape) as the model takes them, on its device: images as uint8 levels
+        (also how the buffer stores them), vectors as float32."""
+        tensor = torch.as_tensor(obs, dtype=torch.float32, device=self.embedding.weight.device)
+        return quantize_images(tensor) if self.conv is not None else tensor
+
     def _first_conv(self, images: torch.Tensor) -> torch.Tensor:
         return self.conv[1](self.conv[0](dequantize_images(images)))
 

@@ -21,7 +21,7 @@ from checkpoint import atomic_save, save_model
 from config import Config
 from evaluation import evaluate
 from memory import MEMORY_DTYPES, RolloutMemory
-from model import ActorCriticModel, ModelOutput, distributions, entropy, log_prob, quantize_images, sample_actions
+from model import ActorCriticModel, ModelOutput, distributions, entropy, log_prob, sample_actions
 from worker import StepResult, WorkerError, Workers
 
 MEMORY_PATHS = ("fast", "plain")
@@ -118,7 +118,7 @@ class PPOTrainer:
         self.update = 0
         self.env_steps = 0
         if checkpoint is None:
-            self.obs = self._observations(self.workers.reset())
+            self.obs = self.model.prepare(self.workers.reset())
             self.summary_dir = os.path.join(summaries_dir, run_id, time.strftime("%Y%m%d-%H%M%S"))
         else:
             self._restore(checkpoint)
@@ -183,15 +183,10 @@ class PPOTrainer:
         self.buffer.trace[:, -length:] = checkpoint["trace"]["tokens"].to(self.device)
         self.buffer.trace_steps[:, -length:] = checkpoint["trace"]["steps"].to(self.device)
         self.buffer.trace_episodes[:, -length:] = checkpoint["trace"]["episodes"].to(self.device)
-        self.obs = self._observations(self.workers.restore(checkpoint["workers"]))
+        self.obs = self.model.prepare(self.workers.restore(checkpoint["workers"]))
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(array, dtype=torch.float32, device=self.device)
-
-    def _observations(self, array: np.ndarray) -> torch.Tensor:
-        """Observations (n, *obs_shape) as the model takes them and the buffer stores them: images as uint8 levels."""
-        obs = self._tensor(array)
-        return quantize_images(obs) if self.buffer.images else obs
 
     @torch.no_grad()
     def rollout(self) -> RolloutStats:
@@ -233,11 +228,11 @@ class PPOTrainer:
         if truncated.any():
             # A time limit is no terminal state: bootstrap from the final observation with its own episode's memory.
             index = truncated.nonzero().squeeze(1)
-            final_obs = self._observations(np.stack([result.final_obs[i] for i in index.tolist()]))
+            final_obs = self.model.prepare(np.stack([result.final_obs[i] for i in index.tolist()]))
             final_values[index] = self._values(final_obs, index)
         self.buffer.record_outcome(t, self._tensor(result.rewards), terminated, truncated, final_values)
         self.memory.end_episodes(terminated | truncated)
-        self.obs = self._observations(result.obs)
+        self.obs = self.model.prepare(result.obs)
 
     def _values(self, obs: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
         """Values (n,) of observations (n, *obs_shape) at the current step of workers ``index`` (all), with their memory."""
@@ -313,10 +308,10 @@ class PPOTrainer:
                 norms[f"grad_norm/{name}"] = torch.stack(grads).norm().item()
         return norms
 
-    def log(self, rollout: RolloutStats, stats: dict[str, float], seconds: float) -> str:
-        """Write TensorBoard summaries of one update and return its console line."""
+    def log(self, episode_means: dict[str, float], stats: dict[str, float], seconds: float) -> str:
+        """Write TensorBoard summaries of one update (``episode_means``: metric -> mean over the episodes that ended)
+        and return its console line."""
         step = self.env_steps
-        episode_means = {key: float(np.mean(values)) for key, values in rollout.episodes.items()}
         for key, value in episode_means.items():
             self.writer.add_scalar(f"episode/{key}_mean", value, step)
         losses = {"policy": "policy_loss", "value": "value_loss", "entropy": "entropy", "total": "total_loss"}
@@ -350,9 +345,9 @@ class PPOTrainer:
             self.writer.add_scalar(f"evaluation/{key}_mean", value, self.env_steps)
         return means
 
-    def save_checkpoint(self, payload: dict | None = None) -> None:
-        """Write a snapshot (default: the current state) to the checkpoint file, atomically."""
-        atomic_save(payload if payload is not None else self.snapshot_state(), self.checkpoint_path)
+    def save_checkpoint(self, snapshot: dict) -> None:
+        """Write a ``snapshot_state`` payload to the checkpoint file, atomically."""
+        atomic_save(snapshot, self.checkpoint_path)
 
     def run(self, log_every: int = 1) -> dict[str, float]:
         """Train until ``updates``; returns the episode means of the last update in which episodes ended.
@@ -372,13 +367,14 @@ class PPOTrainer:
                 tick = time.time()
                 rollout = self.rollout()
                 stats = self.optimize()
-                line = self.log(rollout, stats, time.time() - tick)
+                episode_means = {key: float(np.mean(values)) for key, values in rollout.episodes.items()}
+                line = self.log(episode_means, stats, time.time() - tick)
                 self.update += 1
                 self.snapshot = self.snapshot_state()
                 if config.checkpoint_interval and self.update % config.checkpoint_interval == 0:
                     self.save_checkpoint(self.snapshot)
-                if rollout.episodes:
-                    last_means = {key: float(np.mean(values)) for key, values in rollout.episodes.items()}
+                if episode_means:
+                    last_means = episode_means
                 if config.eval_interval and (self.update % config.eval_interval == 0 or self.update == config.updates):
                     evaluation = self.evaluate()
                     line += "  eval " + " ".join(f"{k} {v:.3f}" for k, v in evaluation.items() if k in ("reward", "success"))
