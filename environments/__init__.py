@@ -175,6 +175,9 @@ def _check_minigrid(config: dict) -> None:
         raise _invalid("tile_size", config["tile_size"], "use a pixel count >= 1, e.g. 28")
     if config["max_episode_steps"] < 1:
         raise _invalid("max_episode_steps", config["max_episode_steps"], "use a step count >= 1")
+    own_limit = gymnasium.make(config["name"]).unwrapped.max_steps  # also scales MiniGrid's step penalty
+    if config["max_episode_steps"] > own_limit:
+        raise _invalid("max_episode_steps", config["max_episode_steps"], f"{config['name']} allows at most {own_limit}")
 
 
 def _check_memory_gym(config: dict) -> None:

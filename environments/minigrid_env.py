@@ -13,7 +13,11 @@ class MiniGridMemoryEnv(gymnasium.Wrapper):
     channel-first as float32 in [0, 1]: (3, 84, 84) for the reference's 3 x 28. Shrinking the default 7x7 view to 3x3
     is what makes the task need memory: the cue object is out of sight once the agent walks down the corridor.
     The actions are 0: turn left, 1: turn right, 2: move forward (MiniGrid's own ids for these actions).
-    MiniGrid reports its step limit as truncated=True; an object touched on the last step counts as terminated only.
+    Reward: MiniGrid's own, 1 - 0.9 * steps / max_steps for the matching object, with MiniGrid's default max_steps
+    (5 * size^2: 405 for S9), as the reference implementation had it. Episodes are cut after ``max_episode_steps``
+    (96) by this wrapper, reported as truncated=True; an object touched on the last step counts as terminated only.
+    Passing 96 as MiniGrid's max_steps instead would make every step 4x as expensive: the best possible mean
+    reward on S9 would drop below 0.9, and turning round to look at the cue would hardly pay.
     """
 
     def __init__(
@@ -30,10 +34,15 @@ class MiniGridMemoryEnv(gymnasium.Wrapper):
             name: A registered MiniGrid-Memory* id.
             view_size: Side length of the agent's view in cells (odd, >= 3).
             tile_size: Pixels per cell in the observation.
-            max_episode_steps: Steps after which MiniGrid truncates the episode.
+            max_episode_steps: Steps after which the episode is truncated; at most MiniGrid's own max_steps.
             render_mode: None, "rgb_array" or "human".
         """
-        env = gymnasium.make(name, agent_view_size=view_size, max_steps=max_episode_steps, render_mode=render_mode)
+        env = gymnasium.make(name, agent_view_size=view_size, render_mode=render_mode)
+        if max_episode_steps > env.unwrapped.max_steps:
+            raise ValueError(
+                f"max_episode_steps = {max_episode_steps} exceeds {name}'s own step limit {env.unwrapped.max_steps}; "
+                f"use at most {env.unwrapped.max_steps}"
+            )
         super().__init__(ImgObsWrapper(RGBImgPartialObsWrapper(env, tile_size=tile_size)))
         side = view_size * tile_size
         self.observation_space = gymnasium.spaces.Box(low=0.0, high=1.0, shape=(3, side, side), dtype=np.float32)
@@ -69,9 +78,9 @@ class MiniGridMemoryEnv(gymnasium.Wrapper):
         if action not in (0, 1, 2):
             raise ValueError(f"action = {action!r} is invalid for MiniGrid Memory; use 0 (left), 1 (right) or 2 (forward)")
         obs, reward, terminated, truncated, info = self.env.step(action)
-        truncated = truncated and not terminated  # touching an object on the last step is a real ending
         self._return += float(reward)
         self._length += 1
+        truncated = (truncated or self._length >= self.max_episode_steps) and not terminated  # touching wins
         if terminated or truncated:
             # MiniGrid Memory pays a positive reward only for touching the matching object.
             episode = {"reward": self._return, "length": float(self._length), "success": float(reward > 0)}

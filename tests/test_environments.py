@@ -104,6 +104,24 @@ def test_step_limit_is_truncation(config: dict, action: int) -> None:
     assert info["episode"]["success"] == 0.0
 
 
+def test_minigrid_reward_uses_minigrids_own_step_limit() -> None:
+    # The reference cut episodes at 96 steps but kept MiniGrid's reward, whose step penalty is scaled by MiniGrid's own
+    # max_steps (5 * 9^2 for S9): a success after n steps pays 1 - 0.9 * n / 405, not 1 - 0.9 * n / 96.
+    env = create_env({"type": "MiniGrid"})
+    limit = env.unwrapped.max_steps
+    assert limit == 5 * env.unwrapped.width**2 > env.max_episode_steps
+    # Walk to the end of the hallway, then into each arm: one of the two turns finds the matching object.
+    for turn in (0, 1):
+        env.reset(seed=3)
+        steps = run_episode(env, [2] * 10 + [turn] + [2] * 5)
+        reward, terminated, info = steps[-1][1], steps[-1][2], steps[-1][4]
+        if info.get("episode", {}).get("success") == 1.0:
+            break
+    assert terminated and info["episode"]["success"] == 1.0
+    assert reward == pytest.approx(1 - 0.9 * len(steps) / limit)
+    env.close()
+
+
 def poc_env(**overrides: object) -> gymnasium.Env:
     """Builds a PocMemoryEnv from the default config with overrides."""
     return create_env({"type": "PocMemoryEnv", **overrides})
@@ -228,6 +246,7 @@ def test_memory_gym_render_matches_observation() -> None:
         ({"type": "MiniGrid", "name": "MiniGrid-Empty-5x5-v0"}, "environment.name"),
         ({"type": "MiniGrid", "view_size": 4}, "environment.view_size"),
         ({"type": "MiniGrid", "view_size": 3.0}, "environment.view_size"),
+        ({"type": "MiniGrid", "max_episode_steps": 406}, "environment.max_episode_steps"),  # S9's own limit is 405
         ({"type": "MemoryGym"}, "environment.name"),
         ({"type": "MemoryGym", "name": "MortarMayhem-Grid-v1"}, "environment.name"),
         ({"type": "MemoryGym", "name": "MortarMayhemB-Grid-v0"}, "environment.name"),
