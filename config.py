@@ -254,14 +254,18 @@ def validate_config(raw: Any) -> Config:
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
-    """Turn command-line ``key=value`` items into {dotted key: value}, values parsed as YAML."""
+    """Turn command-line ``key=value`` items into {dotted key: value}, values parsed as YAML.
+
+    An empty value is the empty string (``--set transformer.positional_encoding=`` turns the encoding off), not YAML's
+    null, which no config key takes.
+    """
     overrides = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"--set expects key=value (e.g. updates=10 or transformer.memory_length=16), got '{item}'")
         try:
-            overrides[key] = yaml.safe_load(value)
+            overrides[key] = yaml.safe_load(value) if value.strip() else ""
         except yaml.YAMLError as error:
             raise ConfigError(f"--set {key}: '{value}' is not a valid YAML value ({error})") from None
     return overrides

@@ -15,7 +15,7 @@ from conftest import small_config
 
 import trainer as trainer_module
 from checkpoint import load_file
-from config import ConfigError, validate_config
+from config import ConfigError, parse_overrides, validate_config
 from trainer import PPOTrainer, TrainingStopped
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -69,6 +69,18 @@ BAD_CONFIGS = [
     (("beta_schedule", {"initial": 1e-3, "final": 0.0, "max_decay_steps": 0}), ["beta_schedule.max_decay_steps", "0"]),
     (("clip_range_schedule", 0.2), ["clip_range_schedule", "mapping"]),
 ]
+
+
+def test_set_parses_yaml_values_and_an_empty_value_as_the_empty_string() -> None:
+    items = ["updates=10", "transformer.positional_encoding=", "beta_schedule={initial: 0.01}", "memory_dtype=bfloat16"]
+    assert parse_overrides(items) == {
+        "updates": 10,
+        "transformer.positional_encoding": "",
+        "beta_schedule": {"initial": 0.01},
+        "memory_dtype": "bfloat16",
+    }
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_overrides(["updates"])
 
 
 @pytest.mark.parametrize("change,words", BAD_CONFIGS, ids=[f"{c[0]}={c[1]!r}"[:60] for c, _ in BAD_CONFIGS])
