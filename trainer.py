@@ -282,8 +282,7 @@ class PPOTrainer:
             raise NonFiniteError(f"the loss became {loss.item()} in update {self.update + 1}")
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norms = self._grad_norms()
-        total_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+        grad_norms, total_norm = self._clip_gradients()
         if not torch.isfinite(total_norm):
             raise NonFiniteError(f"the gradient norm became {total_norm.item()} in update {self.update + 1}")
         self.optimizer.step()
@@ -299,14 +298,25 @@ class PPOTrainer:
         stats.update(grad_norms)
         return stats
 
-    def _grad_norms(self) -> dict[str, float]:
-        """Gradient norm of each top-level module (before clipping)."""
-        norms = {}
-        for name, module in self.model.named_children():
-            grads = [p.grad.norm() for p in module.parameters() if p.grad is not None]
-            if grads:
-                norms[f"grad_norm/{name}"] = torch.stack(grads).norm().item()
-        return norms
+    def _clip_gradients(self) -> tuple[dict[str, float], torch.Tensor]:
+        """Clip the gradients to a total norm of ``max_grad_norm``, as torch.nn.utils.clip_grad_norm_ does.
+
+        Returns each top-level module's gradient norm before clipping (for the summaries) and the total norm; every
+        tensor's norm is computed once for both.
+        """
+        module_norms = {}
+        grads = []
+        groups = [(name, module.parameters()) for name, module in self.model.named_children()]
+        groups.append(("model", self.model.parameters(recurse=False)))  # parameters outside the modules, if any
+        for name, parameters in groups:
+            module_grads = [p.grad for p in parameters if p.grad is not None]
+            if module_grads:
+                module_norms[name] = torch.stack([grad.norm() for grad in module_grads]).norm()
+                grads += module_grads
+        total_norm = torch.stack(list(module_norms.values())).norm()
+        scale = (self.config.max_grad_norm / (total_norm + 1e-6)).clamp(max=1.0)
+        torch._foreach_mul_(grads, scale)
+        return {f"grad_norm/{name}": norm.item() for name, norm in module_norms.items()}, total_norm
 
     def log(self, episode_means: dict[str, float], stats: dict[str, float], seconds: float) -> str:
         """Write TensorBoard summaries of one update (``episode_means``: metric -> mean over the episodes that ended)

@@ -18,6 +18,7 @@ attention output is exactly zero, whatever the padding holds.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -64,6 +65,22 @@ class GRUGate(nn.Module):
         return (1 - z) * x + z * h
 
 
+class AttentionMask(NamedTuple):
+    """A (B, Q, S) visibility mask in the form attention uses, built once per forward pass for all blocks."""
+
+    has_memory: torch.Tensor  # (B, Q, 1) True for rows with at least one visible slot
+    safe_mask: torch.Tensor  # (B, 1, Q, S) the mask with slot 0 opened for empty rows (their output is zeroed)
+
+    @classmethod
+    def build(cls, mask: torch.Tensor) -> AttentionMask:
+        """From a (B, Q, S) boolean mask, True where a query may attend to a memory slot."""
+        has_memory = mask.any(dim=-1, keepdim=True)
+        # A fully masked row is undefined in softmax (NaN on some kernels): open slot 0 for it, then zero its output.
+        first_slot = torch.zeros_like(mask)
+        first_slot[..., 0] = True
+        return cls(has_memory, (mask | (first_slot & ~has_memory)).unsqueeze(1))
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head cross-attention from query tokens to projected memory slots (full D x D projections)."""
 
@@ -85,18 +102,14 @@ class MultiHeadAttention(nn.Module):
         return self.split_heads(k), self.split_heads(v)
 
     def forward(
-        self, query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, return_weights: bool = False
+        self, query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask, return_weights: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Attend from ``query`` (B, Q, D) to ``k``/``v`` (B, H, S, d) where ``mask`` (B, Q, S) is True.
+        """Attend from ``query`` (B, Q, D) to ``k``/``v`` (B, H, S, d) where ``mask`` allows.
 
         Returns the output (B, Q, D), zero for rows without any visible slot, and, if asked, the attention
         weights (B, H, Q, S) (zero rows where nothing is visible).
         """
-        has_memory = mask.any(dim=-1, keepdim=True)  # (B, Q, 1)
-        # A fully masked row is undefined in softmax (NaN on some kernels): open slot 0 for it, then zero its output.
-        first_slot = torch.zeros_like(mask)
-        first_slot[..., 0] = True
-        safe_mask = (mask | (first_slot & ~has_memory)).unsqueeze(1)  # (B, 1, Q, S)
+        has_memory, safe_mask = mask
         q = self.split_heads(self.query(query))  # (B, H, Q, d)
         weights = None
         if return_weights:
@@ -136,7 +149,7 @@ class TransformerBlock(nn.Module):
         return self.gates[index](x, y) if self.gates is not None else x + y
 
     def forward(
-        self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, return_weights: bool = False
+        self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask, return_weights: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One block on the query tokens ``x`` (B, Q, D); returns (B, Q, D) and optional weights (B, H, Q, S)."""
         query = self.norm_attention(x) if self.layer_norm == "pre" else x
@@ -207,9 +220,10 @@ class Transformer(nn.Module):
         """
         tokens = []
         weights = [] if return_weights else None
+        attention_mask = AttentionMask.build(mask)
         for block, (k, v) in zip(self.blocks, keys_values, strict=True):
             tokens.append(h)
-            h, w = block(h, k, v, mask, return_weights)
+            h, w = block(h, k, v, attention_mask, return_weights)
             if return_weights:
                 weights.append(w)
         return h, torch.stack(tokens, dim=2), weights

@@ -18,6 +18,26 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
 
 
+@pytest.mark.parametrize("scale", [0.01, 100.0])  # below and above max_grad_norm
+def test_gradient_clipping_matches_torch(tmp_path: str, scale: float) -> None:
+    trainer = PPOTrainer(small_config(max_grad_norm=0.5), "clip", torch.device("cpu"), 0, "fast", str(tmp_path), str(tmp_path))
+    try:
+        parameters = list(trainer.model.parameters())
+        for p in parameters:
+            p.grad = torch.randn_like(p) * scale
+        reference = [torch.nn.Parameter(p.detach().clone()) for p in parameters]
+        for r, p in zip(reference, parameters, strict=True):
+            r.grad = p.grad.clone()
+        expected_norm = torch.nn.utils.clip_grad_norm_(reference, 0.5)
+        norms, total = trainer._clip_gradients()
+        torch.testing.assert_close(total, expected_norm)
+        for p, r in zip(parameters, reference, strict=True):
+            torch.testing.assert_close(p.grad, r.grad)
+        assert set(norms) == {f"grad_norm/{name}" for name, _ in trainer.model.named_children()}
+    finally:
+        trainer.close()
+
+
 def test_rollout_bookkeeping_at_episode_ends(tmp_path: str) -> None:
     config = small_config(worker_steps=40, n_mini_batch=2, sequence_length=8)
     trainer = PPOTrainer(
