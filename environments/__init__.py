@@ -9,6 +9,8 @@ last allowed step counts as terminated.
 Modules of the heavier environments (MiniGrid, Memory Gym, which imports pygame) are imported only when needed.
 """
 
+import functools
+
 import gymnasium
 
 from environments.cartpole_env import CartPoleEnv
@@ -175,9 +177,19 @@ def _check_minigrid(config: dict) -> None:
         raise _invalid("tile_size", config["tile_size"], "use a pixel count >= 1, e.g. 28")
     if config["max_episode_steps"] < 1:
         raise _invalid("max_episode_steps", config["max_episode_steps"], "use a step count >= 1")
-    own_limit = gymnasium.make(config["name"]).unwrapped.max_steps  # also scales MiniGrid's step penalty
+    own_limit = _minigrid_step_limit(config["name"])
     if config["max_episode_steps"] > own_limit:
         raise _invalid("max_episode_steps", config["max_episode_steps"], f"{config['name']} allows at most {own_limit}")
+
+
+@functools.cache
+def _minigrid_step_limit(name: str) -> int:
+    """MiniGrid's own max_steps of a task (it also scales the step penalty of the reward); built once per name."""
+    env = gymnasium.make(name)
+    try:
+        return env.unwrapped.max_steps
+    finally:
+        env.close()
 
 
 def _check_memory_gym(config: dict) -> None:

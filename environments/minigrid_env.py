@@ -34,15 +34,11 @@ class MiniGridMemoryEnv(gymnasium.Wrapper):
             name: A registered MiniGrid-Memory* id.
             view_size: Side length of the agent's view in cells (odd, >= 3).
             tile_size: Pixels per cell in the observation.
-            max_episode_steps: Steps after which the episode is truncated; at most MiniGrid's own max_steps.
+            max_episode_steps: Steps after which the episode is truncated; at most MiniGrid's own max_steps (checked by
+                ``create_env``).
             render_mode: None, "rgb_array" or "human".
         """
         env = gymnasium.make(name, agent_view_size=view_size, render_mode=render_mode)
-        if max_episode_steps > env.unwrapped.max_steps:
-            raise ValueError(
-                f"max_episode_steps = {max_episode_steps} exceeds {name}'s own step limit {env.unwrapped.max_steps}; "
-                f"use at most {env.unwrapped.max_steps}"
-            )
         super().__init__(ImgObsWrapper(RGBImgPartialObsWrapper(env, tile_size=tile_size)))
         side = view_size * tile_size
         self.observation_space = gymnasium.spaces.Box(low=0.0, high=1.0, shape=(3, side, side), dtype=np.float32)
