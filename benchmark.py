@@ -146,6 +146,9 @@ def main() -> int:
         overrides["worker_steps"] = int(args["--steps"])
     config = load_config(args["--config"], overrides)
     paths = [path for path in args["--paths"].split(",") if path]
+    if config.transformer.memory_gradients and "plain" in paths:
+        print("error: 'transformer.memory_gradients' has no plain path: add --paths fast", file=sys.stderr)
+        return 2
     print(
         f"benchmark {args['--config']} on {device}: {config.n_workers} workers x {config.worker_steps} steps, "
         f"memory_length {config.transformer.memory_length}, {args['--updates']} measured updates per path",

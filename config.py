@@ -50,6 +50,7 @@ class TransformerConfig:
     layer_norm: str
     gtrxl: bool
     gtrxl_bias: float
+    memory_gradients: bool
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,13 @@ TRANSFORMER_SCHEMA: dict[str, tuple] = {
     ),
     "gtrxl": (bool, False, None, "GTrXL: GRU gates instead of residual connections"),
     "gtrxl_bias": (float, 0.0, None, "GRU gate bias; larger values start the gates closer to the identity"),
+    "memory_gradients": (
+        bool,
+        False,
+        None,
+        "training only: the memory tokens of steps inside a minibatch chunk are recomputed with gradient, as in "
+        "Transformer-XL, instead of taken from the rollout without gradient; needs the fast memory path",
+    ),
 }
 
 SCHEMA: dict[str, tuple] = {

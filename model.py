@@ -158,6 +158,22 @@ class ActorCriticModel(nn.Module):
             return_attention: also return the attention weights.
         """
         h, tokens, attention = self.transformer(self.encode(obs), keys_values, mask, return_attention)
+        return self._heads(h, tokens, attention)
+
+    def forward_chunk(self, obs: torch.Tensor, memory: torch.Tensor, steps: torch.Tensor, mask: torch.Tensor) -> ModelOutput:
+        """Training on chunks with gradients into the memory (``transformer.memory_gradients``).
+
+        Args:
+            obs: (B, C, *obs_shape) C consecutive steps per row.
+            memory: (B, S, K, D) the chunk's trace slots, S = C + L - 1: the L tokens carried in from before the
+                chunk, then the tokens of chunk steps 0 .. C - 2, which this pass replaces by its own block inputs.
+            steps: (B, S) episode step of each slot.
+            mask: (B, C, S) True where a step may attend to a slot (band_mask).
+        """
+        h, tokens = self.transformer.forward_chunk(self.encode(obs), memory, steps, mask)
+        return self._heads(h, tokens, None)
+
+    def _heads(self, h: torch.Tensor, tokens: torch.Tensor, attention: list[torch.Tensor] | None) -> ModelOutput:
         policy = torch.relu(self.policy_hidden(h))
         logits = [branch(policy) for branch in self.policy_branches]
         value = self.value_head(torch.relu(self.value_hidden(h))).squeeze(-1)

@@ -67,6 +67,11 @@ def main() -> int:
             run_id, seed = checkpoint["run_id"], checkpoint["seed"]
         else:
             config = load_config(args["--config"], overrides)
+        if config.transformer.memory_gradients and args["--memory-path"] != "fast":
+            raise ConfigError(
+                "'transformer.memory_gradients' is true, which only the fast memory path implements: "
+                "use --memory-path fast or set it to false"
+            )
         for folder in ("models", "summaries"):
             check_writable(folder)
     except ConfigError as error:

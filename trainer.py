@@ -27,13 +27,22 @@ from worker import StepResult, WorkerError, Workers
 MEMORY_PATHS = ("fast", "plain")
 
 
-def forward_minibatch(model: ActorCriticModel, minibatch: Minibatch, memory_length: int, path: str) -> ModelOutput:
+def forward_minibatch(
+    model: ActorCriticModel, minibatch: Minibatch, memory_length: int, path: str, memory_gradients: bool = False
+) -> ModelOutput:
     """Logits, values and tokens of a minibatch's B x C steps, each attending to its own memory window.
 
     ``fast`` projects each of a chunk's S memory slots once and lets the C queries attend to their bands of it in one
     attention call. ``plain`` (the executable specification) cuts out every step's window and projects it on its own.
     Both give the same numbers; tests/test_equivalence.py holds them to it.
+
+    With ``memory_gradients`` (fast path only) the slots of the chunk's own steps hold this pass's block inputs, with
+    gradient, instead of the rollout's tokens (see ActorCriticModel.forward_chunk).
     """
+    if memory_gradients:
+        if path != "fast":
+            raise ValueError("memory_gradients needs the fast memory path")
+        return model.forward_chunk(minibatch.obs, minibatch.memory, minibatch.memory_steps, minibatch.mask)
     if path == "fast":
         keys_values = model.project_memory(minibatch.memory, minibatch.memory_steps)  # per block (B, H, S, d)
         return model(minibatch.obs, keys_values, minibatch.mask)
@@ -90,6 +99,8 @@ class PPOTrainer:
         """Build workers, model, optimizer, buffer and memory; with ``checkpoint``, continue that run exactly."""
         if memory_path not in MEMORY_PATHS:
             raise ValueError(f"memory path '{memory_path}' is unknown: use one of {', '.join(MEMORY_PATHS)}")
+        if config.transformer.memory_gradients and memory_path != "fast":
+            raise ValueError("'transformer.memory_gradients' needs the fast memory path: use memory_path 'fast'")
         self.config = config
         self.run_id = run_id
         self.device = device
@@ -264,7 +275,8 @@ class PPOTrainer:
 
     def _train_minibatch(self, minibatch: Minibatch, clip_range: float, beta: float) -> dict[str, float]:
         """One gradient step on one minibatch; returns its losses and diagnostics."""
-        out = forward_minibatch(self.model, minibatch, self.config.transformer.memory_length, self.memory_path)
+        tf = self.config.transformer
+        out = forward_minibatch(self.model, minibatch, tf.memory_length, self.memory_path, tf.memory_gradients)
         dists = distributions(out.logits)
         log_probs = log_prob(dists, minibatch.actions)  # (B, C)
         advantages = minibatch.advantages

@@ -227,3 +227,38 @@ class Transformer(nn.Module):
             if return_weights:
                 weights.append(w)
         return h, torch.stack(tokens, dim=2), weights
+
+    def forward_chunk(
+        self, h: torch.Tensor, memory: torch.Tensor, steps: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the blocks over chunks of consecutive steps, with gradients into the memory of the chunk's own steps.
+
+        ``forward`` attends to memory tokens made by the rollout, without gradient: the observation encoder then never
+        learns from a step being useful *later*, only from its use at its own step. Here, as in Transformer-XL's
+        training on segments, block i's memory slots of the chunk's own steps hold block i's inputs of this very pass,
+        so the loss of a later step reaches the earlier steps' observations; the L tokens carried in from before the
+        chunk stay the rollout's. With the rollout's parameters both give the same outputs (the rollout made those
+        tokens from the same inputs); they differ once the parameters move.
+
+        Args:
+            h: (B, Q, D) embedded observations of Q consecutive steps.
+            memory: (B, S, K, D) slots, S = Q + L - 1: L carried-in tokens, then the tokens of steps 0 .. Q - 2.
+            steps: (B, S) episode step of each slot.
+            mask: (B, Q, S) True where a query may attend to a slot.
+
+        Returns:
+            out (B, Q, D) and the tokens (B, Q, K, D), as ``forward``.
+        """
+        carried = memory.shape[1] - (h.shape[1] - 1)
+        stale = memory[:, :carried].float()
+        positions = self.position_encoding(steps)  # (B, S, 1 or K, D) or None
+        attention_mask = AttentionMask.build(mask)
+        tokens = []
+        for i, block in enumerate(self.blocks):
+            tokens.append(h)
+            slots = torch.cat([stale[:, :, i], h[:, :-1]], dim=1)  # (B, S, D)
+            if positions is not None:
+                slots = slots + positions[:, :, min(i, positions.shape[2] - 1)]
+            k, v = block.project_memory(slots)
+            h, _ = block(h, k, v, attention_mask)
+        return h, torch.stack(tokens, dim=2)

@@ -114,3 +114,32 @@ def test_bfloat16_memory_rollout_matches_training() -> None:
         with torch.no_grad():
             out = forward_minibatch(model, minibatch, L, "fast")
         torch.testing.assert_close(out.value, minibatch.values, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("positional_encoding,layer_norm,gtrxl", OPTIONS)
+def test_memory_gradients_same_outputs_and_gradients_reach_earlier_steps(
+    positional_encoding: str, layer_norm: str, gtrxl: bool
+) -> None:
+    model = make_model(positional_encoding, layer_norm, gtrxl)
+    buffer, _ = rollouts(model, cache_kv=True)
+    c = 4
+    for minibatch in buffer.minibatches(3, c, torch.Generator().manual_seed(0)):
+        grads = {}
+        for memory_gradients in (False, True):
+            obs = minibatch.obs.clone().requires_grad_()
+            out = forward_minibatch(model, minibatch._replace(obs=obs), L, "fast", memory_gradients)
+            out.value[:, -1].sum().backward()  # the loss of each chunk's last step only
+            grads[memory_gradients] = obs.grad
+            # With the rollout's weights the recomputed in-chunk tokens are the rollout's: same outputs.
+            torch.testing.assert_close(out.value.detach(), minibatch.values, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(
+                log_prob(distributions(out.logits), minibatch.actions).detach(), minibatch.log_probs, rtol=1e-5, atol=1e-5
+            )
+        # Without memory gradients only the last step's own observation gets a gradient; with them, exactly the
+        # earlier steps of the chunk that the last step sees (same episode) get one too.
+        assert (grads[False][:, :-1] == 0).all()
+        visible = minibatch.mask[:, -1, L : L + c - 1]  # (B, C - 1): does the last step see chunk step j?
+        reached = grads[True][:, :-1].abs().sum(-1) > 0
+        assert torch.equal(reached, visible)
+        assert visible.any(), "the data must have chunks whose last step sees earlier steps"
+        torch.testing.assert_close(grads[True][:, -1], grads[False][:, -1], rtol=1e-5, atol=1e-6)

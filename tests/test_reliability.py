@@ -271,6 +271,14 @@ def test_resume_with_a_mismatched_environment(tmp_path: str) -> None:
     assert "observations (3,)" in result.stderr and "(4,)" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_memory_gradients_with_plain_path_fails_at_start(tmp_path: str) -> None:
+    path = write_config(tmp_path, GOOD)
+    result = run_train(tmp_path, f"--config={path}", "--memory-path=plain", "--set=transformer.memory_gradients=true")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "memory_gradients" in result.stderr and "--memory-path fast" in result.stderr
+    assert not os.path.exists(os.path.join(tmp_path, "summaries")), "nothing may start before the config is valid"
+
+
 def test_unwritable_models_folder_fails_at_start(tmp_path: str) -> None:
     with open(os.path.join(tmp_path, "models"), "w") as file:  # a file where the folder should be (root ignores chmod)
         file.write("in the way")
