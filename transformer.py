@@ -178,7 +178,8 @@ class Transformer(nn.Module):
         """Per-block encoding (B, S, K, D) of memory tokens at episode ``steps`` (B, S), or None without encoding."""
         kind = self.config.positional_encoding
         if kind == "relative":
-            return sinusoidal_encoding(steps, self.config.embed_dim).unsqueeze(2)  # (B, S, 1, D), same for every block
+            encoding = sinusoidal_encoding(steps, self.config.embed_dim).unsqueeze(2)  # (B, S, 1, D)
+            return encoding.expand(-1, -1, self.config.num_blocks, -1)  # the same for every block, as a view
         if kind == "learned":
             return self.learned_positions[steps.clamp(0, LEARNED_POSITIONS - 1)]  # (B, S, K, D)
         return None
@@ -251,14 +252,14 @@ class Transformer(nn.Module):
         """
         carried = memory.shape[1] - (h.shape[1] - 1)
         stale = memory[:, :carried].float()
-        positions = self.position_encoding(steps)  # (B, S, 1 or K, D) or None
+        positions = self.position_encoding(steps)  # (B, S, K, D) or None
         attention_mask = AttentionMask.build(mask)
         tokens = []
         for i, block in enumerate(self.blocks):
             tokens.append(h)
             slots = torch.cat([stale[:, :, i], h[:, :-1]], dim=1)  # (B, S, D)
             if positions is not None:
-                slots = slots + positions[:, :, min(i, positions.shape[2] - 1)]
+                slots = slots + positions[:, :, i]
             k, v = block.project_memory(slots)
             h, _ = block(h, k, v, attention_mask)
         return h, torch.stack(tokens, dim=2)
