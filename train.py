@@ -27,7 +27,7 @@ from docopt import docopt
 
 from checkpoint import load_file
 from config import ConfigError, apply_overrides, load_config, parse_overrides, validate_config
-from trainer import MEMORY_PATHS, PPOTrainer, TrainingStopped
+from trainer import PPOTrainer, TrainingStopped, check_memory_path
 from worker import WorkerError
 
 MIN_FREE_MB = 100  # refuse to start with less free disk space than this for models and summaries
@@ -53,9 +53,6 @@ def main() -> int:
     except ValueError:
         print(f"error: --seed must be an integer, got '{args['--seed']}'", file=sys.stderr)
         return 2
-    if args["--memory-path"] not in MEMORY_PATHS:
-        print(f"error: --memory-path must be one of {', '.join(MEMORY_PATHS)}, got '{args['--memory-path']}'", file=sys.stderr)
-        return 2
     checkpoint, run_id = None, args["--run-id"]
     try:
         overrides = parse_overrides(args["--set"])
@@ -67,11 +64,7 @@ def main() -> int:
             run_id, seed = checkpoint["run_id"], checkpoint["seed"]
         else:
             config = load_config(args["--config"], overrides)
-        if config.transformer.memory_gradients and args["--memory-path"] != "fast":
-            raise ConfigError(
-                "'transformer.memory_gradients' is true, which only the fast memory path implements: "
-                "use --memory-path fast or set it to false"
-            )
+        check_memory_path(args["--memory-path"], config)
         for folder in ("models", "summaries"):
             check_writable(folder)
     except ConfigError as error:

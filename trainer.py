@@ -27,6 +27,17 @@ from worker import StepResult, WorkerError, Workers
 MEMORY_PATHS = ("fast", "plain")
 
 
+def check_memory_path(memory_path: str, config: Config) -> None:
+    """Raise ValueError, naming the fix, for an unknown memory path or a config option the path does not implement."""
+    if memory_path not in MEMORY_PATHS:
+        raise ValueError(f"--memory-path '{memory_path}' is unknown: use one of {', '.join(MEMORY_PATHS)}")
+    if config.transformer.memory_gradients and memory_path != "fast":
+        raise ValueError(
+            "'transformer.memory_gradients' is true, which only the fast memory path implements: "
+            "use --memory-path fast or set it to false"
+        )
+
+
 def forward_minibatch(
     model: ActorCriticModel, minibatch: Minibatch, memory_length: int, path: str, memory_gradients: bool = False
 ) -> ModelOutput:
@@ -97,10 +108,7 @@ class PPOTrainer:
         checkpoint: dict | None = None,
     ) -> None:
         """Build workers, model, optimizer, buffer and memory; with ``checkpoint``, continue that run exactly."""
-        if memory_path not in MEMORY_PATHS:
-            raise ValueError(f"memory path '{memory_path}' is unknown: use one of {', '.join(MEMORY_PATHS)}")
-        if config.transformer.memory_gradients and memory_path != "fast":
-            raise ValueError("'transformer.memory_gradients' needs the fast memory path: use memory_path 'fast'")
+        check_memory_path(memory_path, config)
         self.config = config
         self.run_id = run_id
         self.device = device
