@@ -39,7 +39,7 @@ from docopt import docopt
 from torch.utils.flop_counter import FlopCounterMode
 
 from config import load_config, parse_overrides
-from trainer import PPOTrainer, forward_minibatch
+from trainer import PPOTrainer, check_memory_path, forward_minibatch
 
 
 def matmul_peak_gflops(device: torch.device, size: int = 2048, repeats: int = 5) -> float:
@@ -146,8 +146,11 @@ def main() -> int:
         overrides["worker_steps"] = int(args["--steps"])
     config = load_config(args["--config"], overrides)
     paths = [path for path in args["--paths"].split(",") if path]
-    if config.transformer.memory_gradients and "plain" in paths:
-        print("error: 'transformer.memory_gradients' has no plain path: add --paths fast", file=sys.stderr)
+    try:
+        for path in paths:
+            check_memory_path(path, config, flag="--paths")
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
     print(
         f"benchmark {args['--config']} on {device}: {config.n_workers} workers x {config.worker_steps} steps, "

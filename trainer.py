@@ -27,14 +27,17 @@ from worker import StepResult, WorkerError, Workers
 MEMORY_PATHS = ("fast", "plain")
 
 
-def check_memory_path(memory_path: str, config: Config) -> None:
-    """Raise ValueError, naming the fix, for an unknown memory path or a config option the path does not implement."""
+def check_memory_path(memory_path: str, config: Config, flag: str = "--memory-path") -> None:
+    """Raise ValueError, naming the fix, for an unknown memory path or a config option the path does not implement.
+
+    ``flag`` is the command-line option that chose the path, for the message.
+    """
     if memory_path not in MEMORY_PATHS:
-        raise ValueError(f"--memory-path '{memory_path}' is unknown: use one of {', '.join(MEMORY_PATHS)}")
+        raise ValueError(f"{flag} '{memory_path}' is unknown: use one of {', '.join(MEMORY_PATHS)}")
     if config.transformer.memory_gradients and memory_path != "fast":
         raise ValueError(
             "'transformer.memory_gradients' is true, which only the fast memory path implements: "
-            "use --memory-path fast or set it to false"
+            f"use {flag} fast or set it to false"
         )
 
 
