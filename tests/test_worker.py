@@ -1,4 +1,5 @@
-"""Tests of worker.py: in-process vs subprocess stepping, same-step autoreset, failure reporting, seeding, restore."""
+"""Tests of worker.py, env_group.py and replay.py: in-process vs subprocess stepping, same-step autoreset, failure
+reporting, seeding, restore, and the group's recorder and the replay on their own."""
 
 import os
 
@@ -16,7 +17,9 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from env_group import EnvGroup  # noqa: E402
 from environments import create_env  # noqa: E402
+from replay import EpisodeRecorder, check_states, replay_episode, restore  # noqa: E402
 from worker import StepResult, WorkerError, Workers, episode_seed  # noqa: E402
 
 POC = {"type": "PocMemoryEnv"}
@@ -219,7 +222,7 @@ def test_construction_failure_reaches_main_process(n_processes: int, monkeypatch
         return create_env(env_config, evaluation=evaluation)
 
     built: list[dict] = []
-    monkeypatch.setattr("worker.create_env", create_env_failing_on_second_call)  # forked children inherit the patch
+    monkeypatch.setattr("env_group.create_env", create_env_failing_on_second_call)  # forked children inherit the patch
     with time_limit(20), pytest.raises(WorkerError, match="environment 1 failed during construction") as error:
         Workers(POC, 4, n_processes, seed=0)
     assert "cannot build this one" in str(error.value)
@@ -382,3 +385,103 @@ def test_step_and_state_need_a_started_episode() -> None:
             workers.step(np.zeros((2, 1), dtype=np.int64))
         with pytest.raises(RuntimeError, match=r"call reset\(\) or restore\(\) first"):
             workers.state()
+
+
+class LoggingRecorder:
+    """A recorder that logs what a group reports and starts environment j at episode first[j]."""
+
+    def __init__(self, first: list[int]) -> None:
+        """Starts with an empty log; first holds the number of each environment's first episode."""
+        self.next = list(first)
+        self.calls: list[tuple] = []
+
+    def next_episode(self, j: int) -> int:
+        """Returns the episode that environment j starts next."""
+        return self.next[j]
+
+    def start(self, j: int, episode: int) -> None:
+        """Logs an episode start."""
+        self.calls.append(("start", j, episode))
+        self.next[j] = episode + 1
+
+    def record(self, j: int, action: list[int]) -> None:
+        """Logs an action."""
+        self.calls.append(("record", j, action))
+
+
+def test_group_takes_episode_numbers_from_its_recorder_and_reports_to_it() -> None:
+    recorder = LoggingRecorder([0, 7])
+    group = EnvGroup(POC, range(2, 4), 5, False, recorder)  # global indices 2 and 3
+    try:
+        obs = group.reset()
+        assert recorder.calls == [("start", 0, 0), ("start", 1, 7)]
+        assert np.array_equal(obs[0], create_env(POC).reset(seed=episode_seed(5, 2, 0))[0])
+        assert np.array_equal(obs[1], create_env(POC).reset(seed=episode_seed(5, 3, 7))[0])
+        recorder.calls.clear()
+        group.step(np.array([[1], [0]], dtype=np.int64))
+        assert recorder.calls == [("record", 0, [1]), ("record", 1, [0])]
+        assert all(type(call[2][0]) is int for call in recorder.calls)  # plain ints, as a checkpoint needs
+    finally:
+        group.close()
+
+
+def test_recorder_state_is_a_copy_in_the_checkpoint_format() -> None:
+    recorder = EpisodeRecorder(2)
+    assert [recorder.next_episode(j) for j in range(2)] == [0, 0]
+    recorder.start(0, 3)
+    recorder.record(0, [1, 2])
+    recorder.start(1, 0)
+    state = recorder.state()
+    recorder.record(0, [0, 0])
+    assert state == [{"episode": 3, "actions": [[1, 2]]}, {"episode": 0, "actions": []}]
+    assert recorder.next_episode(0) == 4
+    recorder.start(0, 4)  # a new episode forgets the actions of the last one
+    assert recorder.state()[0] == {"episode": 4, "actions": []}
+
+
+def test_replay_restores_a_group_without_workers() -> None:
+    rng = np.random.default_rng(0)
+    recorder = EpisodeRecorder(3)
+    group = EnvGroup(POC_GLOB, range(1, 4), 9, False, recorder)
+    other_recorder = EpisodeRecorder(3)
+    other = EnvGroup(POC_GLOB, range(1, 4), 9, False, other_recorder)
+    try:
+        group.reset()
+        for _ in range(50):
+            result = group.step(rng.integers(0, 2, size=(3, 1)))
+        state = recorder.state()
+        assert max(entry["episode"] for entry in state) >= 1 and any(entry["actions"] for entry in state)
+        assert np.array_equal(restore(other, state), result.obs)
+        assert other_recorder.state() == state
+        for _ in range(30):
+            actions = rng.integers(0, 2, size=(3, 1))
+            assert_same_results([group.step(actions)], [other.step(actions)])
+    finally:
+        group.close()
+        other.close()
+
+
+def test_replay_rejects_an_episode_that_ends_early() -> None:
+    group = EnvGroup(POC, range(5, 7), 0, False, EpisodeRecorder(2))
+    try:
+        # PoC starts at the centre: 2 frozen steps, then the 5th move to the right reaches the goal at action 7.
+        with pytest.raises(WorkerError, match="does not match environment 6: its episode 4 ended at replayed action 7 of 9"):
+            replay_episode(group, 1, 4, [[1]] * 9)
+    finally:
+        group.close()
+
+
+def test_check_states_names_the_bad_entry_and_returns_plain_ints() -> None:
+    good = {"episode": 1, "actions": [[2, 1]]}
+    checked = check_states(({"episode": np.int64(2), "actions": ((np.int64(1), 0),)}, good), 2, [3, 2])
+    assert checked == [{"episode": 2, "actions": [[1, 0]]}, good]
+    assert type(checked[0]["episode"]) is int and type(checked[0]["actions"][0][0]) is int
+    cases = [
+        ([good, {"episode": True, "actions": []}], r"states\[1\]\['episode'\] = True"),
+        ([good, {"episode": 0, "actions": [[2, 1], [3, 0]]}], r"states\[1\]\['actions'\]\[1\] = \[3, 0\] is not an action"),
+        ([{"episode": 0, "actions": [[1]]}, good], r"states\[0\]\['actions'\]\[0\] = \[1\].*action_dims = \[3, 2\]"),
+        ([good, good, good], "states has 3 entries, but these Workers run n_envs = 2"),
+    ]
+    for states, message in cases:
+        with pytest.raises(ValueError, match=message):
+            check_states(states, 2, [3, 2])
