@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from environments import validate_env_config
+from environments import episode_limit, validate_env_config
 
 
 class ConfigError(ValueError):
@@ -247,12 +247,12 @@ def validate_config(raw: Any) -> Config:
             f"n_workers * worker_steps / sequence_length = {n * t // c} chunks is not divisible by 'n_mini_batch' ({m}): "
             "change sequence_length (0 picks one automatically) or n_mini_batch"
         )
-    max_steps = environment.get("max_episode_steps", -1)
-    if isinstance(max_steps, int) and 0 < max_steps < transformer.memory_length:
+    max_steps = episode_limit(environment)  # -1 when unknown or unbounded
+    if 0 < max_steps < transformer.memory_length:
         raise ConfigError(
             f"'transformer.memory_length' ({transformer.memory_length}) exceeds the episode length "
-            f"'environment.max_episode_steps' ({max_steps}): memory beyond the episode is never filled; "
-            f"use memory_length <= {max_steps}"
+            f"'environment.max_episode_steps' ({max_steps}; the task's own limit where that key is unset or 0): "
+            f"memory beyond the episode is never filled; use memory_length <= {max_steps}"
         )
     values["environment"] = environment
     values["transformer"] = transformer

@@ -5,6 +5,10 @@ import warnings
 import gymnasium
 import numpy as np
 
+from environments.registry import EnvFamily, Key, invalid
+
+_STEP_LIMITS = {"CartPole-v0": 200, "CartPole-v1": 500}
+
 
 class CartPoleEnv(gymnasium.Wrapper):
     """Gymnasium CartPole with masked velocities and a scaled reward.
@@ -79,3 +83,25 @@ class CartPoleEnv(gymnasium.Wrapper):
     def _observe(self, obs: np.ndarray) -> np.ndarray:
         """Returns the observation (4,) as float32 with the masked entries zeroed."""
         return np.asarray(obs, dtype=np.float32) * self._mask
+
+
+def _check(config: dict) -> None:
+    """Checks the values of a validated CartPole section."""
+    if config["name"] not in _STEP_LIMITS:
+        raise invalid("name", config["name"], "use 'CartPole-v0' or 'CartPole-v1'")
+    if config["reward_scale"] <= 0:
+        raise invalid("reward_scale", config["reward_scale"], "use a factor > 0, e.g. 0.01")
+
+
+FAMILY = EnvFamily(
+    name="CartPole",
+    schema={
+        "name": Key("CartPole-v0", "CartPole-v0 (200 steps) or CartPole-v1 (500 steps)"),
+        "mask_velocity": Key(True, "hide both velocities so that the agent needs memory"),
+        "reward_scale": Key(0.01, "factor on each step's reward; episode stats stay unscaled"),
+    },
+    check=_check,
+    render_modes=(None, "rgb_array", "human"),
+    make=lambda config, render_mode, evaluation: CartPoleEnv(**config, render_mode=render_mode),
+    episode_limit=lambda config: _STEP_LIMITS[config["name"]],
+)

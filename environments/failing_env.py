@@ -5,6 +5,8 @@ import os
 import numpy as np
 from gymnasium import Env, spaces
 
+from environments.registry import EnvFamily, Key, invalid
+
 EPISODE_LENGTH = 8
 EXIT_CODE = 3  # what mode "exit" ends the process with
 
@@ -73,3 +75,26 @@ class FailingEnv(Env):
     def _observation(self) -> np.ndarray:
         """Returns the observation (obs_size,) filled with t / 8."""
         return np.full(self.observation_space.shape, self._t / EPISODE_LENGTH, dtype=np.float32)
+
+
+def _check(config: dict) -> None:
+    """Checks the values of a validated Failing section."""
+    if config["fail_at_step"] < 1:
+        raise invalid("fail_at_step", config["fail_at_step"], "use a step count >= 1")
+    if config["mode"] not in ("raise", "exit"):
+        raise invalid("mode", config["mode"], "use 'raise' or 'exit'")
+    if config["obs_size"] < 1:
+        raise invalid("obs_size", config["obs_size"], "use a length >= 1")
+
+
+FAMILY = EnvFamily(
+    name="Failing",
+    schema={
+        "fail_at_step": Key(5, "lifetime step at which the env fails"),
+        "mode": Key("raise", '"raise" a RuntimeError or "exit" the process with code 3'),
+        "obs_size": Key(4, "length of the observation vector"),
+    },
+    check=_check,
+    render_modes=(None,),
+    make=lambda config, render_mode, evaluation: FailingEnv(**config),
+)

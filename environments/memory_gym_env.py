@@ -4,18 +4,18 @@ Memory Gym draws every environment on pygame's single display, so several instan
 fine for stepping (each step redraws the whole frame before reading it back), but memory-gym's ``close()`` calls
 ``pygame.quit()``, which would break every other instance of the process; ``MemoryGymEnv.close`` therefore only closes
 the inner environment when it is the last one open.
+
+memory-gym (and pygame with it) is imported only when an environment is built or a config is checked, so that
+importing this module to declare the family stays cheap.
 """
 
 import os
 
-# Silences pygame's import banner and keeps SDL from probing sound devices, which headless machines lack.
-os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
-os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+import gymnasium
+import numpy as np
+from gymnasium.envs.registration import load_env_creator
 
-import gymnasium  # noqa: E402
-import memory_gym  # noqa: E402, F401  (importing registers the Memory Gym ids with gymnasium)
-import numpy as np  # noqa: E402
-from gymnasium.envs.registration import load_env_creator  # noqa: E402
+from environments.registry import REQUIRED, EnvFamily, Key, invalid
 
 SEED_KEYS = ("start-seed", "num-seeds")  # reset_params keys read by this wrapper, not passed to memory-gym
 DEFAULT_RESET_PARAMS = {"start-seed": 0, "num-seeds": 100000}
@@ -26,8 +26,17 @@ _UNSUPPORTED = ("MortarMayhemB-v0", "MortarMayhemB-Grid-v0")
 _open_envs = 0  # MemoryGymEnv instances open in this process, see the module docstring
 
 
+def _import_memory_gym() -> None:
+    """Imports memory-gym, which registers its ids with gymnasium; a no-op after the first call."""
+    # Silences pygame's import banner and keeps SDL from probing sound devices, which headless machines lack.
+    os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
+    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+    import memory_gym  # noqa: F401
+
+
 def registered_ids() -> list[str]:
     """Returns the Memory Gym ids that this wrapper supports, e.g. "MortarMayhem-Grid-v0"."""
+    _import_memory_gym()
     ids = [name for name, spec in gymnasium.registry.items() if str(spec.entry_point).startswith("memory_gym")]
     return sorted(name for name in ids if name not in _UNSUPPORTED)
 
@@ -43,6 +52,7 @@ def check_reset_params(name: str, reset_params: dict) -> None:
     Raises:
         ValueError: Naming the key as ``environment.reset_params.<key>``, the bad value and what is allowed.
     """
+    _import_memory_gym()
     env_class = load_env_creator(gymnasium.registry[name].entry_point)
     defaults = env_class.default_reset_parameters
     for key, value in reset_params.items():
@@ -109,6 +119,7 @@ class MemoryGymEnv(gymnasium.Wrapper):
             render_mode: None, "rgb_array", "debug_rgb_array" (frame with the ground truth marked) or "human".
             evaluation: Whether to draw episode seeds from the range just above the training seeds.
         """
+        _import_memory_gym()
         super().__init__(gymnasium.make(name, render_mode=render_mode, disable_env_checker=True))
         params = {**DEFAULT_RESET_PARAMS, **(reset_params or {})}
         self._options = {key: value for key, value in params.items() if key not in SEED_KEYS}
@@ -189,3 +200,24 @@ class MemoryGymEnv(gymnasium.Wrapper):
         _open_envs -= 1
         if _open_envs == 0:
             self.env.close()
+
+
+def _check(config: dict) -> None:
+    """Checks the Memory Gym id and reset parameters of a validated section; fills in the seed range defaults."""
+    names = registered_ids()
+    if not isinstance(config["name"], str) or config["name"] not in names:
+        raise invalid("name", config["name"], f"use a registered Memory Gym id: {', '.join(names)}")
+    config["reset_params"] = {**DEFAULT_RESET_PARAMS, **config["reset_params"]}
+    check_reset_params(config["name"], config["reset_params"])
+
+
+FAMILY = EnvFamily(
+    name="MemoryGym",
+    schema={
+        "name": Key(REQUIRED, "a Memory Gym id, e.g. MortarMayhem-Grid-v0"),
+        "reset_params": Key(dict(DEFAULT_RESET_PARAMS), "memory-gym reset parameters plus the seed range"),
+    },
+    check=_check,
+    render_modes=(None, "rgb_array", "debug_rgb_array", "human"),
+    make=lambda config, render_mode, evaluation: MemoryGymEnv(**config, render_mode=render_mode, evaluation=evaluation),
+)

@@ -1,9 +1,15 @@
-"""MiniGrid Memory tasks with a small, image-based egocentric view."""
+"""MiniGrid Memory tasks with a small, image-based egocentric view.
+
+The minigrid package (and pygame with it) is imported only when an environment is built or a config is checked, so
+that importing this module to declare the family stays cheap.
+"""
+
+import functools
 
 import gymnasium
-import minigrid  # noqa: F401  (importing registers the MiniGrid-* ids with gymnasium)
 import numpy as np
-from minigrid.wrappers import ImgObsWrapper, RGBImgPartialObsWrapper
+
+from environments.registry import EnvFamily, Key, invalid
 
 
 class MiniGridMemoryEnv(gymnasium.Wrapper):
@@ -38,6 +44,8 @@ class MiniGridMemoryEnv(gymnasium.Wrapper):
                 ``create_env``).
             render_mode: None, "rgb_array" or "human".
         """
+        from minigrid.wrappers import ImgObsWrapper, RGBImgPartialObsWrapper  # also registers the MiniGrid-* ids
+
         env = gymnasium.make(name, agent_view_size=view_size, render_mode=render_mode)
         super().__init__(ImgObsWrapper(RGBImgPartialObsWrapper(env, tile_size=tile_size)))
         side = view_size * tile_size
@@ -87,3 +95,45 @@ class MiniGridMemoryEnv(gymnasium.Wrapper):
     def _observe(obs: np.ndarray) -> np.ndarray:
         """Turns MiniGrid's (H, W, 3) uint8 view into a (3, H, W) float32 image in [0, 1]."""
         return np.ascontiguousarray(obs.transpose(2, 0, 1), dtype=np.float32) / 255.0
+
+
+def _check(config: dict) -> None:
+    """Checks the values of a validated MiniGrid section against gymnasium's registry."""
+    import minigrid  # noqa: F401  (importing registers the MiniGrid-* ids)
+
+    names = sorted(name for name in gymnasium.registry if name.startswith("MiniGrid-Memory"))
+    if config["name"] not in names:
+        raise invalid("name", config["name"], f"use a registered MiniGrid Memory id: {', '.join(names)}")
+    if config["view_size"] < 3 or config["view_size"] % 2 == 0:
+        raise invalid("view_size", config["view_size"], "MiniGrid needs an odd view size >= 3")
+    if config["tile_size"] < 1:
+        raise invalid("tile_size", config["tile_size"], "use a pixel count >= 1, e.g. 28")
+    if config["max_episode_steps"] < 1:
+        raise invalid("max_episode_steps", config["max_episode_steps"], "use a step count >= 1")
+    own_limit = _step_limit(config["name"])
+    if config["max_episode_steps"] > own_limit:
+        raise invalid("max_episode_steps", config["max_episode_steps"], f"{config['name']} allows at most {own_limit}")
+
+
+@functools.cache
+def _step_limit(name: str) -> int:
+    """MiniGrid's own max_steps of a task (it also scales the step penalty of the reward); built once per name."""
+    env = gymnasium.make(name)
+    try:
+        return env.unwrapped.max_steps
+    finally:
+        env.close()
+
+
+FAMILY = EnvFamily(
+    name="MiniGrid",
+    schema={
+        "name": Key("MiniGrid-MemoryS9-v0", "any registered MiniGrid-Memory* id"),
+        "view_size": Key(3, "side of the agent's view in cells (odd, >= 3)"),
+        "tile_size": Key(28, "pixels per cell; view_size * tile_size is the image side"),
+        "max_episode_steps": Key(96, "truncation limit"),
+    },
+    check=_check,
+    render_modes=(None, "rgb_array", "human"),
+    make=lambda config, render_mode, evaluation: MiniGridMemoryEnv(**config, render_mode=render_mode),
+)

@@ -20,6 +20,8 @@ Deliberate differences from the reference (MarcoMeter/episodic-transformer-memor
 import numpy as np
 from gymnasium import Env, spaces
 
+from environments.registry import EnvFamily, Key, invalid
+
 TIME_PENALTY = 0.1
 NUM_SHOW_STEPS = 2  # goals are visible in this many observations, counting the reset observation
 
@@ -185,3 +187,25 @@ class PocMemoryEnv(Env):
 
             pygame.display.quit()
             self._window = None
+
+
+def _check(config: dict) -> None:
+    """Checks the values of a validated PocMemoryEnv section."""
+    if step_ticks(config["step_size"]) is None:
+        raise invalid("step_size", config["step_size"], "use a value in (0, 1] that divides 1 evenly, e.g. 0.1, 0.2 or 0.25")
+    if config["max_episode_steps"] < 1 and config["max_episode_steps"] != -1:
+        raise invalid("max_episode_steps", config["max_episode_steps"], "use a step count >= 1, or -1 for no limit")
+
+
+FAMILY = EnvFamily(
+    name="PocMemoryEnv",
+    schema={
+        "step_size": Key(0.2, "distance of one move; 1 / step_size moves lead from the centre to a goal"),
+        "glob": Key(False, "start anywhere between the goals instead of at the centre"),
+        "freeze": Key(True, "the agent cannot move while the goals are shown"),
+        "max_episode_steps": Key(32, "truncation limit, -1 for none"),
+    },
+    check=_check,
+    render_modes=(None, "rgb_array", "human"),
+    make=lambda config, render_mode, evaluation: PocMemoryEnv(**config, render_mode=render_mode),
+)

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from config import SCHEMA, TRANSFORMER_SCHEMA
-from environments import _SCHEMAS, ENV_TYPES
+from environments import ENV_TYPES, FAMILIES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = open(os.path.join(ROOT, "README.md")).read()
@@ -21,7 +21,7 @@ def test_every_config_key_is_documented() -> None:
         assert f"`transformer.{key}`" in README, key
     for env_type in ENV_TYPES:
         assert f"`{env_type}`" in README, env_type
-        for key in _SCHEMAS[env_type]:
+        for key in FAMILIES[env_type].schema:
             assert f"`{key}`" in README, f"{env_type}.{key}"
 
 

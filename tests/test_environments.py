@@ -1,6 +1,8 @@
 """Tests of the environments package: spaces, episode info, time limits, PoC dynamics, config checks, Memory Gym seeds."""
 
 import os
+import subprocess
+import sys
 
 os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
 os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
@@ -10,7 +12,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from gymnasium.utils.env_checker import check_env  # noqa: E402
 
-from environments import ENV_TYPES, create_env, validate_env_config  # noqa: E402
+from environments import ENV_TYPES, FAMILIES, REQUIRED, EnvFamily, Key, create_env, episode_limit, validate_env_config  # noqa: E402
 
 MEMORY_GYM_COMMANDS_2 = {"type": "MemoryGym", "name": "MortarMayhem-Grid-v0", "reset_params": {"command_count": [2]}}
 
@@ -276,8 +278,9 @@ def test_validate_env_config_fills_defaults_without_touching_the_input() -> None
         "freeze": True,
         "max_episode_steps": 32,
     }
+    required = {"MemoryGym": {"name": "MortarMayhem-Grid-v0"}, "Gymnasium": {"id": "CartPole-v1"}}  # keys without default
     for env_type in ENV_TYPES:
-        minimal = {"type": env_type, "name": "MortarMayhem-Grid-v0"} if env_type == "MemoryGym" else {"type": env_type}
+        minimal = {"type": env_type, **required.get(env_type, {})}
         assert validate_env_config(minimal)["type"] == env_type
 
 
@@ -339,3 +342,72 @@ def test_memory_gym_close_keeps_other_instances_working() -> None:
     first.close()
     obs = second.step(0)[0]
     assert obs.shape == (3, 84, 84) and obs.max() > 0.0
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_importing_the_package_imports_no_heavy_environment() -> None:
+    code = (
+        "import sys, environments\n"
+        "environments.validate_env_config({'type': 'PocMemoryEnv'})\n"
+        "environments.create_env({'type': 'CartPole'})\n"
+        "print(sorted(m for m in ('pygame', 'minigrid', 'memory_gym') if m in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_every_family_is_declared_once_with_meanings() -> None:
+    assert ENV_TYPES == ("PocMemoryEnv", "CartPole", "MiniGrid", "MemoryGym", "Failing", "Gymnasium")
+    for name, family in FAMILIES.items():
+        assert family.name == name
+        assert family.schema, name
+        for key, entry in family.schema.items():
+            assert isinstance(entry, Key) and isinstance(entry.meaning, str) and entry.meaning.strip(), f"{name}.{key}"
+            assert "\n" not in entry.meaning, f"{name}.{key}: one line"
+
+
+@pytest.mark.parametrize(
+    "config, limit",
+    [
+        ({"type": "PocMemoryEnv"}, 32),
+        ({"type": "PocMemoryEnv", "max_episode_steps": -1}, -1),
+        ({"type": "CartPole"}, 200),
+        ({"type": "CartPole", "name": "CartPole-v1"}, 500),
+        ({"type": "MiniGrid", "max_episode_steps": 50}, 50),
+        ({"type": "MemoryGym", "name": "MortarMayhem-Grid-v0"}, -1),  # depends on the reset parameters
+        ({"type": "Failing"}, -1),
+    ],
+)
+def test_episode_limit(config: dict, limit: int) -> None:
+    assert episode_limit(validate_env_config(config)) == limit
+
+
+def test_a_family_declaration_validates_its_section() -> None:
+    def check(config: dict) -> None:
+        if config["size"] < 1:
+            raise ValueError(f"environment.size = {config['size']} is invalid")
+
+    family = EnvFamily(
+        name="Probe",
+        schema={"size": Key(REQUIRED, "a required key"), "scale": Key(1.0, "a float"), "tags": Key(["a"], "a list")},
+        make=lambda config, render_mode, evaluation: FAMILIES["Failing"].make({}, render_mode, evaluation),
+        check=check,
+        render_modes=lambda config: (None, "rgb_array") if config["size"] > 1 else (None,),
+    )
+    config = family.validate({"type": "Probe", "size": 2, "scale": 3})
+    assert config == {"type": "Probe", "size": 2, "scale": 3, "tags": ["a"]}
+    config["tags"].append("b")
+    assert family.schema["tags"].default == ["a"], "defaults are copied"
+    assert family.allowed_render_modes(config) == (None, "rgb_array")
+    assert family.episode_limit(config) == -1
+    for bad, message in [
+        ({"type": "Probe"}, "environment.size is required for Probe"),
+        ({"type": "Probe", "size": 0}, "environment.size = 0 is invalid"),
+        ({"type": "Probe", "size": 1, "scale": True}, "environment.scale = True must be of type float"),
+        ({"type": "Probe", "size": 1, "colour": 1}, "environment.colour is not a key of a Probe environment"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            family.validate(bad)

@@ -1,0 +1,324 @@
+"""Any registered Gymnasium environment, by id, so that a task of one's own needs no change to this package.
+
+Config::
+
+    environment:
+      type: Gymnasium
+      id: "my_package.my_module:MyTask-v0"  # "module:Name-v0" imports the module first, which registers the id
+      kwargs: {}                             # passed to gymnasium.make
+      max_episode_steps: 0                   # 0: the spec's limit; > 0: this limit; -1: no limit
+      episode_info: [success]                # numeric keys of the final info reported per episode, where present
+
+Observations become what the models take: a uint8 Box image (H, W, C) or (C, H, W) with C in 1..4 becomes (C, H, W)
+float32 in [0, 1] (a (H, W) image becomes (1, H, W)); a 1-D Box vector of any dtype becomes float32 unchanged.
+Actions must be Discrete or (1-D) MultiDiscrete; a nonzero ``start`` is shifted to 0. Time limits come from
+gymnasium's TimeLimit wrapper and stay truncations; a step that is both terminated and truncated counts as terminated.
+
+Checking a config builds the environment once (cached per id and kwargs) to read its spaces, so that an unknown id,
+a module that fails to import or spaces the models cannot take stop training before any worker starts.
+"""
+
+import dataclasses
+import difflib
+import importlib
+from typing import NamedTuple
+
+import gymnasium
+import numpy as np
+from gymnasium import spaces
+
+from environments.registry import REQUIRED, EnvFamily, Key, invalid
+
+SUPPORTED = (
+    "supported: observations as a Box of uint8 images (H, W, C) or (C, H, W) with C in 1..4 or (H, W), or a 1-D Box "
+    "vector of any dtype; actions as Discrete or 1-D MultiDiscrete"
+)
+
+_RESERVED_KWARGS = {
+    "render_mode": "it is set by the caller of create_env (train.py, enjoy.py)",
+    "max_episode_steps": "use environment.max_episode_steps",
+}
+
+_ALWAYS_REPORTED = ("reward", "length")
+
+
+class _Probe(NamedTuple):
+    """What checking a config learns from building the environment once."""
+
+    spec: gymnasium.envs.registration.EnvSpec
+    observation_space: spaces.Space
+    action_space: spaces.Space
+    render_modes: tuple[str, ...]
+
+
+_probes: dict[tuple, _Probe] = {}  # by (id, _hashable(kwargs)); forked worker processes inherit it
+
+
+def _hashable(value: object) -> object:
+    """A hashable stand-in for a value loaded from YAML (dicts and lists nested in any way)."""
+    if isinstance(value, dict):
+        return ("dict", tuple(sorted((repr(key), _hashable(item)) for key, item in value.items())))
+    if isinstance(value, list | tuple):
+        return (type(value).__name__, tuple(_hashable(item) for item in value))
+    try:
+        hash(value)
+    except TypeError:
+        return ("repr", repr(value))
+    return value
+
+
+def _resolve(env_id: str) -> gymnasium.envs.registration.EnvSpec:
+    """Imports the module of a "module:Name" id and finds the spec of the name.
+
+    Raises:
+        ValueError: Naming ``environment.id`` when the module fails to import or the name is not registered.
+    """
+    module, _, name = env_id.rpartition(":")
+    if module:
+        try:
+            importlib.import_module(module)
+        except Exception as error:
+            raise ValueError(
+                f"environment.id = {env_id!r}: importing the module {module!r} failed with {type(error).__name__}: {error}"
+            ) from None
+    try:
+        return gymnasium.spec(name)
+    except gymnasium.error.Error as error:
+        close = difflib.get_close_matches(name, list(gymnasium.registry), n=3, cutoff=0.6)
+        hint = f"did you mean {' or '.join(repr(match) for match in close)}?" if close else "no registered id is close"
+        where = f"after importing {module!r}" if module else "(to register an id from your own module, use 'module:Name-v0')"
+        raise ValueError(f"environment.id = {env_id!r} is not a registered gymnasium id {where}; {hint} ({error})") from None
+
+
+def _probe(env_id: str, kwargs: dict) -> _Probe:
+    """Builds the environment once per (id, kwargs) to read its spaces and render modes, then closes it.
+
+    Raises:
+        ValueError: For an id that cannot be resolved or built, or spaces the models cannot take.
+    """
+    key = (env_id, _hashable(kwargs))
+    if key in _probes:
+        return _probes[key]
+    spec = _resolve(env_id)
+    try:
+        env = gymnasium.make(spec, **kwargs)
+    except Exception as error:
+        raise ValueError(
+            f"environment.id = {env_id!r} with environment.kwargs = {kwargs!r} could not be built: "
+            f"{type(error).__name__}: {error}"
+        ) from None
+    try:
+        probe = _Probe(spec, env.observation_space, env.action_space, tuple(env.metadata.get("render_modes") or ()))
+    finally:
+        env.close()
+    if _image_layout(probe.observation_space) is None:
+        raise ValueError(
+            f"environment.id = {env_id!r} has the observation space {probe.observation_space}, which the models cannot "
+            f"take; {SUPPORTED}"
+        )
+    if _action_start(probe.action_space) is None:
+        raise ValueError(
+            f"environment.id = {env_id!r} has the action space {probe.action_space}, which the models cannot take; {SUPPORTED}"
+        )
+    _probes[key] = probe
+    return probe
+
+
+def _image_layout(space: spaces.Space) -> str | None:
+    """How to turn an observation of the space into the models' input: "vector", "hwc", "chw" or "hw"; None if unsupported.
+
+    A uint8 (H, W, C) whose first and last sides both fit a channel count is taken as gymnasium's usual HWC.
+    """
+    if not isinstance(space, spaces.Box):
+        return None
+    shape = space.shape
+    if len(shape) == 1 and shape[0] >= 1:
+        return "vector"
+    if space.dtype != np.uint8:
+        return None
+    if len(shape) == 2:
+        return "hw"
+    if len(shape) == 3 and 1 <= shape[2] <= 4:
+        return "hwc"
+    if len(shape) == 3 and 1 <= shape[0] <= 4:
+        return "chw"
+    return None
+
+
+def _action_start(space: spaces.Space) -> int | np.ndarray | None:
+    """The offset between the models' actions (from 0) and the space's; None for an unsupported space."""
+    if isinstance(space, spaces.Discrete):
+        return int(space.start)
+    if isinstance(space, spaces.MultiDiscrete) and space.nvec.ndim == 1:
+        return np.asarray(space.start, dtype=np.int64)
+    return None
+
+
+def _number(value: object) -> float | None:
+    """value as a float if it is a number (or a one-element array of one), else None."""
+    if isinstance(value, bool | int | float | np.number | np.bool_):
+        return float(value)
+    if isinstance(value, np.ndarray) and value.size == 1 and np.issubdtype(value.dtype, np.number):
+        return float(value.reshape(()))
+    return None
+
+
+class GymnasiumEnv(gymnasium.Wrapper):
+    """A registered Gymnasium environment with float32 observations, actions from 0 and per-episode statistics.
+
+    At the step that ends an episode ``info["episode"]`` holds "reward" (the sum of the raw rewards), "length" and each
+    key of ``episode_info`` that the final step's info holds as a number, all as floats.
+    """
+
+    def __init__(
+        self,
+        id: str,
+        kwargs: dict | None = None,
+        max_episode_steps: int = 0,
+        episode_info: list[str] | tuple[str, ...] = (),
+        render_mode: str | None = None,
+    ) -> None:
+        """Builds the environment.
+
+        Args:
+            id: A gymnasium id; "module:Name-v0" imports the module first.
+            kwargs: Keyword arguments for gymnasium.make (and so for the environment's constructor).
+            max_episode_steps: 0 for the limit of the id's spec, > 0 for this limit, -1 for none.
+            episode_info: Keys of the final step's info to report in ``info["episode"]``.
+            render_mode: None, or one of the environment's render modes ("rgb_array", "human").
+        """
+        kwargs = dict(kwargs or {})
+        probe = _probe(id, kwargs)
+        limit = probe.spec.max_episode_steps if max_episode_steps == 0 else max_episode_steps
+        self.max_episode_steps = int(limit) if limit is not None and limit > 0 else -1
+        # A spec copy with the limit built in makes gymnasium's own TimeLimit cut the episodes, or none at all.
+        spec_limit = self.max_episode_steps if self.max_episode_steps > 0 else None
+        spec = dataclasses.replace(probe.spec, max_episode_steps=spec_limit)
+        if render_mode is not None:
+            kwargs["render_mode"] = render_mode
+        super().__init__(gymnasium.make(spec, **kwargs))
+
+        inner = self.env.observation_space
+        self._layout = _image_layout(inner)
+        if self._layout == "vector":
+            low, high = inner.low.astype(np.float32), inner.high.astype(np.float32)
+            self.observation_space = spaces.Box(low=low, high=high, dtype=np.float32)
+        else:
+            shape = self._observe(np.zeros(inner.shape, dtype=np.uint8)).shape
+            self.observation_space = spaces.Box(low=0.0, high=1.0, shape=shape, dtype=np.float32)
+        self._action_start = _action_start(self.env.action_space)
+        if isinstance(self.env.action_space, spaces.Discrete):
+            self.action_space = spaces.Discrete(int(self.env.action_space.n))
+        else:
+            self.action_space = spaces.MultiDiscrete(self.env.action_space.nvec)
+        self._episode_info = tuple(episode_info)
+        self._return = 0.0
+        self._length = 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        """Starts a new episode.
+
+        Args:
+            seed: Passed on to the environment's reset, which seeds its generator when given.
+            options: Passed on to the environment's reset.
+
+        Returns:
+            The first observation and the environment's reset info.
+        """
+        obs, info = self.env.reset(seed=seed, options=options)
+        self._return = 0.0
+        self._length = 0
+        return self._observe(obs), info
+
+    def step(self, action: int | np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
+        """Runs one step.
+
+        Args:
+            action: An int in [0, n) for Discrete spaces, an int array (branches,) for MultiDiscrete spaces.
+
+        Returns:
+            Observation, reward, terminated, truncated (never together with terminated) and info, with
+            ``info["episode"]`` at the episode's last step.
+        """
+        obs, reward, terminated, truncated, info = self.env.step(self._inner_action(action))
+        terminated = bool(terminated)
+        truncated = bool(truncated) and not terminated
+        self._return += float(reward)
+        self._length += 1
+        if terminated or truncated:
+            episode = {"reward": self._return, "length": float(self._length)}
+            for key in self._episode_info:
+                value = _number(info.get(key))
+                if value is not None:
+                    episode[key] = value
+            info = {**info, "episode": episode}
+        return self._observe(obs), float(reward), terminated, truncated, info
+
+    def _inner_action(self, action: int | np.ndarray) -> int | np.ndarray:
+        """Shifts an action of this wrapper's space (from 0) into the environment's space."""
+        if isinstance(self._action_start, int):
+            return int(action) + self._action_start
+        return np.asarray(action, dtype=np.int64) + self._action_start
+
+    def _observe(self, obs: np.ndarray) -> np.ndarray:
+        """Turns the environment's observation into a float32 vector, or a (C, H, W) float32 image in [0, 1]."""
+        obs = np.asarray(obs)
+        if self._layout == "vector":
+            return obs.astype(np.float32)
+        if self._layout == "hwc":
+            obs = obs.transpose(2, 0, 1)
+        elif self._layout == "hw":
+            obs = obs[None]
+        return np.ascontiguousarray(obs, dtype=np.float32) / 255.0
+
+
+def _check(config: dict) -> None:
+    """Checks the values of a validated Gymnasium section and builds the environment once to check its spaces."""
+    env_id = config["id"]
+    if not isinstance(env_id, str) or not env_id.strip():
+        raise invalid("id", env_id, "use a registered gymnasium id, e.g. 'CartPole-v1' or 'my_module:MyTask-v0'")
+    kwargs = config["kwargs"]
+    for key in kwargs:
+        if not isinstance(key, str):
+            raise invalid("kwargs", kwargs, "keys must be strings (keyword argument names)")
+        if key in _RESERVED_KWARGS:
+            raise invalid("kwargs", kwargs, f"remove {key!r}: {_RESERVED_KWARGS[key]}")
+    if config["max_episode_steps"] < -1:
+        allowed = "use 0 for the id's own limit, a step count >= 1, or -1 for none"
+        raise invalid("max_episode_steps", config["max_episode_steps"], allowed)
+    episode_info = config["episode_info"]
+    for key in episode_info:
+        if not isinstance(key, str):
+            raise invalid("episode_info", episode_info, "list the info keys as strings, e.g. [success]")
+        if key in _ALWAYS_REPORTED:
+            raise invalid("episode_info", episode_info, f"{key!r} is always reported; list only the other keys")
+    _probe(env_id, kwargs)
+
+
+def _render_modes(config: dict) -> tuple[str | None, ...]:
+    """None plus those of "rgb_array" and "human" that the environment lists in its metadata."""
+    declared = _probe(config["id"], config["kwargs"]).render_modes
+    return (None, *(mode for mode in ("rgb_array", "human") if mode in declared))
+
+
+def _episode_limit(config: dict) -> int:
+    """The configured limit, or the spec's when the key is 0; -1 for none."""
+    if config["max_episode_steps"] != 0:
+        return config["max_episode_steps"]
+    limit = _probe(config["id"], config["kwargs"]).spec.max_episode_steps
+    return int(limit) if limit is not None and limit > 0 else -1
+
+
+FAMILY = EnvFamily(
+    name="Gymnasium",
+    schema={
+        "id": Key(REQUIRED, "a gymnasium id; 'module:Name-v0' imports the module first, which registers the id"),
+        "kwargs": Key({}, "keyword arguments passed to gymnasium.make"),
+        "max_episode_steps": Key(0, "0: the limit of the id's spec; > 0: truncate after this many steps; -1: no limit"),
+        "episode_info": Key(["success"], "numeric keys of the final step's info reported per episode, where present"),
+    },
+    check=_check,
+    render_modes=_render_modes,
+    make=lambda config, render_mode, evaluation: GymnasiumEnv(**config, render_mode=render_mode),
+    episode_limit=_episode_limit,
+)

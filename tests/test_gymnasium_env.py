@@ -1,0 +1,244 @@
+"""The "Gymnasium" environment type: any registered id, built and checked without editing the package (tests/toy_env.py)."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import gymnasium
+import numpy as np
+import pytest
+import torch
+import toy_env
+from conftest import small_config
+
+from config import ConfigError
+from environments import create_env, episode_limit, validate_env_config
+
+TOY = {"type": "Gymnasium", "id": "toy_env:ToyCue-v0"}
+TOY_IMAGE = {"type": "Gymnasium", "id": "toy_env:ToyCueImage-v0"}
+
+
+def play(env: gymnasium.Env, seed: int, answer: str = "right", max_steps: int = 100) -> tuple[np.ndarray, list[tuple]]:
+    """Plays one episode: action 0 until the last step of ToyCue's default length (4), then the right or wrong answer.
+
+    Returns:
+        The reset observation and the (obs, reward, terminated, truncated, info) tuple of every step.
+    """
+    obs, _ = env.reset(seed=seed)
+    cue = int(obs[0] > 0)
+    steps = []
+    for t in range(max_steps):
+        action = 0 if t < 3 else (cue if answer == "right" else 1 - cue)
+        if isinstance(env.action_space, gymnasium.spaces.MultiDiscrete):
+            action = np.array([action, 2])
+        steps.append(env.step(action))
+        if steps[-1][2] or steps[-1][3]:
+            return obs, steps
+    raise AssertionError(f"no episode end within {max_steps} steps")
+
+
+def test_toy_cue_builds_with_its_spaces_and_reports_episodes() -> None:
+    env = create_env(TOY)
+    assert env.observation_space == gymnasium.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    assert env.action_space == gymnasium.spaces.Discrete(2)
+    assert env.max_episode_steps == toy_env.SPEC_LIMIT
+    for answer, reward in (("right", 1.0), ("wrong", 0.0)):
+        obs, steps = play(env, seed=3, answer=answer)
+        assert abs(obs[0]) == 1.0 and all(step[0][0] == 0.0 for step in steps), "the cue shows in the first observation only"
+        assert [step[2] for step in steps] == [False, False, False, True]
+        assert not any(step[3] for step in steps)
+        assert all("episode" not in step[4] for step in steps[:-1])
+        assert steps[-1][1] == reward
+        assert steps[-1][4]["episode"] == {"reward": reward, "length": 4.0, "success": reward}
+        for ob in [obs] + [step[0] for step in steps]:
+            assert ob.dtype == np.float32 and env.observation_space.contains(ob)
+    env.close()
+
+
+def test_builtin_id_without_module() -> None:
+    env = create_env({"type": "Gymnasium", "id": "CartPole-v1"})
+    assert env.observation_space.shape == (4,) and env.observation_space.dtype == np.float32
+    assert env.max_episode_steps == 500
+    assert episode_limit(validate_env_config({"type": "Gymnasium", "id": "CartPole-v1"})) == 500
+
+
+def test_reset_seed_reaches_the_env() -> None:
+    env = create_env(TOY)
+    cues = [float(env.reset(seed=seed)[0][0]) for seed in range(20)]
+    assert cues == [float(env.reset(seed=seed)[0][0]) for seed in range(20)]
+    assert set(cues) == {-1.0, 1.0}
+
+
+def test_episode_info_reports_numeric_keys_present_at_the_end() -> None:
+    config = {**TOY, "episode_info": ["success", "progress", "label", "missing"]}
+    _, steps = play(create_env(config), seed=0)
+    assert steps[-1][4]["episode"] == {"reward": 1.0, "length": 4.0, "success": 1.0, "progress": 1.0}
+    _, steps = play(create_env({**TOY, "episode_info": []}), seed=0)
+    assert steps[-1][4]["episode"] == {"reward": 1.0, "length": 4.0}
+
+
+@pytest.mark.parametrize("layout, shape", [("hwc", (3, 6, 5)), ("chw", (3, 6, 5)), ("hw", (1, 6, 5))])
+def test_uint8_images_become_channel_first_float32_in_unit_range(layout: str, shape: tuple) -> None:
+    env = create_env({**TOY_IMAGE, "kwargs": {"layout": layout}})
+    assert env.observation_space == gymnasium.spaces.Box(0.0, 1.0, shape, np.float32)
+    obs, _ = env.reset(seed=1)
+    cue = env.unwrapped.cue
+    observations = [obs] + [env.step(0)[0] for _ in range(3)]
+    for t, ob in enumerate(observations):
+        raw = toy_env.cue_image(t, cue, layout)
+        channel_first = raw.transpose(2, 0, 1) if layout == "hwc" else raw[None] if layout == "hw" else raw
+        expected = channel_first.astype(np.float32) / 255.0
+        assert ob.shape == shape and ob.dtype == np.float32 and ob.flags.c_contiguous
+        assert np.array_equal(ob, expected), f"observation {t}"
+        assert env.observation_space.contains(ob)
+    assert observations[0].max() == 1.0 and min(ob.min() for ob in observations) >= 0.0  # 255 -> 1.0
+    if layout == "hwc":  # pixel (0, 0) of the cue's channel is 255 at the first step only
+        assert observations[0][cue, 0, 0] == 1.0 and observations[1][cue, 0, 0] == 0.0
+
+
+@pytest.mark.parametrize(
+    "configured, attribute, end, truncated",
+    [
+        (0, toy_env.SPEC_LIMIT, toy_env.SPEC_LIMIT, True),  # the spec's limit
+        (3, 3, 3, True),  # below the spec's limit
+        (8, 8, 8, True),  # above it: the config overrides the spec
+        (-1, -1, 10, False),  # no limit: the task's own end at 10 steps
+    ],
+)
+def test_max_episode_steps_from_spec_or_config(configured: int, attribute: int, end: int, truncated: bool) -> None:
+    config = {**TOY, "kwargs": {"length": 10}, "max_episode_steps": configured}
+    env = create_env(config)
+    assert env.max_episode_steps == attribute
+    assert episode_limit(validate_env_config(config)) == attribute
+    env.reset(seed=0)
+    steps = [env.step(0) for _ in range(end)]
+    assert not any(step[2] or step[3] for step in steps[:-1])
+    assert (steps[-1][2], steps[-1][3]) == (not truncated, truncated)
+    episode = steps[-1][4]["episode"]
+    assert episode["length"] == end
+    assert ("success" in episode) == (not truncated)
+
+
+def test_terminal_step_at_the_limit_is_terminated_not_truncated() -> None:
+    env = create_env({**TOY, "max_episode_steps": 4})  # gymnasium's TimeLimit truncates where the task terminates
+    _, steps = play(env, seed=2)
+    assert len(steps) == 4
+    assert steps[-1][2] and not steps[-1][3]
+    inner = env.env  # gymnasium's stack under the wrapper
+    inner.reset(seed=2)
+    inner_steps = [inner.step(0) for _ in range(4)]
+    assert inner_steps[-1][2] and inner_steps[-1][3], "without the wrapper both flags are set"
+
+
+@pytest.mark.parametrize("multi", [False, True])
+def test_action_space_start_is_shifted_to_zero(multi: bool) -> None:
+    env = create_env({**TOY, "kwargs": {"action_start": 5, "multi": multi}})
+    if multi:
+        assert env.action_space == gymnasium.spaces.MultiDiscrete([2, 3])
+        assert np.array_equal(env.unwrapped.action_space.start, [5, 5])
+    else:
+        assert env.action_space == gymnasium.spaces.Discrete(2)
+        assert env.unwrapped.action_space.start == 5
+    _, steps = play(env, seed=4)  # the inner env raises for actions outside its space
+    assert steps[-1][4]["episode"]["success"] == 1.0
+
+
+def test_render_modes_follow_the_env_metadata() -> None:
+    env = create_env(TOY, render_mode="rgb_array")
+    env.reset(seed=0)
+    assert env.render().shape == (8, 8, 3)
+    with pytest.raises(ValueError, match="render_mode = 'human' is not supported by Gymnasium"):
+        create_env(TOY, render_mode="human")  # ToyCue lists only rgb_array
+
+
+@pytest.mark.parametrize(
+    "config, patterns",
+    [
+        ({"type": "Gymnasium"}, ["environment.id is required"]),
+        ({**TOY, "id": 3}, ["environment.id = 3"]),
+        ({**TOY, "id": "toy_env:ToyCeu-v0"}, ["environment.id", "ToyCeu-v0", "not a registered", "did you mean 'ToyCue-v0'"]),
+        ({**TOY, "id": "CartPol-v1"}, ["environment.id", "did you mean 'CartPole-v1'", "module:Name-v0"]),
+        ({**TOY, "id": "no_such_module_xyz:Foo-v0"}, ["environment.id", "no_such_module_xyz", "ModuleNotFoundError"]),
+        (
+            {**TOY, "id": "toy_env:ToyBoxAction-v0"},
+            ["environment.id", r"action space Box\(-1.0, 1.0, \(1,\), float32\)", "Discrete or 1-D MultiDiscrete"],
+        ),
+        (
+            {**TOY, "id": "toy_env:ToyTupleObs-v0"},
+            ["environment.id", r"observation space Tuple\(Discrete\(2\), Discrete\(5\)\)", r"\(H, W, C\)", "vector"],
+        ),
+        ({**TOY, "kwargs": {"size": 3}}, ["environment.kwargs", "could not be built", "size"]),
+        ({**TOY, "kwargs": {"render_mode": "human"}}, ["environment.kwargs", "render_mode"]),
+        ({**TOY, "kwargs": {"max_episode_steps": 3}}, ["environment.kwargs", "use environment.max_episode_steps"]),
+        ({**TOY, "kwargs": [1]}, ["environment.kwargs", "must be of type dict"]),
+        ({**TOY, "max_episode_steps": -2}, ["environment.max_episode_steps = -2"]),
+        ({**TOY, "max_episode_steps": 1.5}, ["environment.max_episode_steps = 1.5"]),
+        ({**TOY, "episode_info": ["reward"]}, ["environment.episode_info", "always reported"]),
+        ({**TOY, "episode_info": [1]}, ["environment.episode_info"]),
+        ({**TOY, "seed": 1}, ["environment.seed is not a key of a Gymnasium environment"]),
+    ],
+)
+def test_bad_configs_are_value_errors_naming_the_key(config: dict, patterns: list[str]) -> None:
+    with pytest.raises(ValueError) as error:
+        validate_env_config(config)
+    message = str(error.value)
+    assert message.startswith("environment.")
+    for pattern in patterns:
+        assert re.search(pattern, message), (pattern, message)
+
+
+def test_a_module_failing_to_import_is_reported_with_its_error(tmp_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "broken_toy_tasks.py").write_text('raise RuntimeError("the task needs a licence file")\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError, match="importing the module 'broken_toy_tasks' failed with RuntimeError: the task needs"):
+        validate_env_config({"type": "Gymnasium", "id": "broken_toy_tasks:Broken-v0"})
+
+
+def test_checking_builds_the_env_once_per_id_and_kwargs(monkeypatch: pytest.MonkeyPatch) -> None:
+    built = []
+    make = gymnasium.make
+
+    def counting_make(*args: object, **kwargs: object) -> gymnasium.Env:
+        env = make(*args, **kwargs)
+        built.append(env)
+        return env
+
+    monkeypatch.setattr(gymnasium, "make", counting_make)
+    config = {**TOY, "kwargs": {"length": 7, "action_start": 1}}  # no other test uses these kwargs
+    for _ in range(3):
+        validate_env_config(config)
+    validate_env_config({**config, "kwargs": {"action_start": 1, "length": 7}, "max_episode_steps": 2})
+    assert len(built) == 1
+    assert built[0].unwrapped.length == 7
+    validate_env_config({**TOY, "kwargs": {"length": 7, "action_start": 2}})
+    assert len(built) == 2
+
+
+def test_episode_limit_bounds_memory_length_in_the_training_config() -> None:
+    transformer = {"num_blocks": 1, "embed_dim": 16, "num_heads": 2, "memory_length": toy_env.SPEC_LIMIT + 1}
+    with pytest.raises(ConfigError, match="memory_length"):
+        small_config(environment=TOY, transformer=transformer)
+    config = small_config(environment={**TOY, "max_episode_steps": -1}, transformer=transformer)
+    assert config.environment["max_episode_steps"] == -1
+
+
+@pytest.mark.parametrize("n_processes", [0, 2])
+def test_training_on_a_gymnasium_id_without_editing_the_package(tmp_path: str, n_processes: int) -> None:
+    from trainer import PPOTrainer
+
+    config = small_config(
+        environment=dict(TOY),
+        n_workers=2,
+        worker_steps=16,
+        n_mini_batch=2,
+        updates=2,
+        n_processes=n_processes,
+        transformer={"num_blocks": 1, "embed_dim": 16, "num_heads": 2, "memory_length": 4},
+    )
+    trainer = PPOTrainer(config, "toy", torch.device("cpu"), seed=0, models_dir=str(tmp_path), summaries_dir=str(tmp_path))
+    means = trainer.run()
+    assert trainer.update == 2
+    assert os.path.isfile(trainer.model_path)
+    assert set(means) >= {"reward", "length", "success"}  # 32 steps of 4-step episodes end some episodes
+    assert means["length"] == 4.0

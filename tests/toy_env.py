@@ -1,0 +1,136 @@
+"""Tiny Gymnasium tasks that register themselves on import, for the tests of the "Gymnasium" environment type.
+
+Importing this module (e.g. through the id "toy_env:ToyCue-v0"; tests/ is on sys.path under pytest) registers:
+
+- ToyCue-v0: a memory task. A cue (0 or 1) shows only in the first observation; the action of the episode's last
+  step must name it. Observation (2,) float32: [+1 for cue 1 / -1 for cue 0 at step 0 and 0 later, t / length].
+  Actions Discrete(2, start=action_start), or with ``multi`` MultiDiscrete([2, 3]) whose first branch answers (same
+  start). The episode terminates after ``length`` (4) steps with reward 1 and info["success"] = 1.0 for the right
+  answer, else reward 0 and success 0.0. The spec limit is 6 steps.
+- ToyCueImage-v0: the same task observed as a uint8 image, (6, 5, 3) for layout "hwc", (3, 6, 5) for "chw" or (6, 5)
+  for "hw"; ``cue_image`` computes it.
+- ToyBoxAction-v0 and ToyTupleObs-v0: ToyCue with a Box action space / a Tuple observation space, which the models of
+  this repository cannot take.
+"""
+
+from __future__ import annotations
+
+import gymnasium
+import numpy as np
+from gymnasium import spaces
+
+SPEC_LIMIT = 6
+IMAGE_SHAPE = (6, 5, 3)  # (H, W, C)
+
+
+def cue_image(t: int, cue: int, layout: str = "hwc") -> np.ndarray:
+    """The image observation of step t: a fixed uint8 pattern shifted with t, with pixel (0, 0) of channel ``cue`` at
+    255 in the first observation only.
+
+    Args:
+        t: Step of the episode (0 for the reset observation).
+        cue: 0 or 1.
+        layout: "hwc" (H, W, C), "chw" (C, H, W) or "hw" (H, W), the first channel.
+
+    Returns:
+        The image as uint8 in the layout's shape.
+    """
+    height, width, channels = IMAGE_SHAPE
+    image = (np.arange(height * width * channels).reshape(IMAGE_SHAPE) * 7 + 40 * t) % 250
+    image[0, 0] = 0
+    if t == 0:
+        image[0, 0, cue] = 255
+    image = image.astype(np.uint8)
+    if layout == "chw":
+        return image.transpose(2, 0, 1).copy()
+    if layout == "hw":
+        return image[:, :, cue if t == 0 else 0].copy()
+    return image
+
+
+class ToyCueEnv(gymnasium.Env):
+    """See the module docstring (ToyCue-v0)."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 4}
+
+    def __init__(self, length: int = 4, action_start: int = 0, multi: bool = False, render_mode: str | None = None) -> None:
+        self.length = length
+        self.action_start = action_start
+        self.multi = multi
+        self.render_mode = render_mode
+        self.observation_space = spaces.Box(low=-1.0, high=1.0, shape=(2,), dtype=np.float32)
+        if multi:  # the answer is the first branch; the second one is ignored
+            self.action_space = spaces.MultiDiscrete([2, 3], start=[action_start, action_start])
+        else:
+            self.action_space = spaces.Discrete(2, start=action_start)
+        self.cue = 0
+        self.t = 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self.cue = int(self.np_random.integers(2))
+        self.t = 0
+        return self._observation(), {"cue_shown": True}
+
+    def step(self, action: object) -> tuple[np.ndarray, float, bool, bool, dict]:
+        if not self.action_space.contains(action):
+            raise ValueError(f"action {action!r} is not in {self.action_space}")
+        self.t += 1
+        if self.t < self.length:
+            return self._observation(), 0.0, False, False, {"progress": self.t / self.length}
+        answer = int(action[0]) if self.multi else int(action)
+        success = float(answer - self.action_start == self.cue)
+        info = {"success": success, "label": "final", "progress": 1.0}
+        return self._observation(), success, True, False, info
+
+    def _observation(self) -> np.ndarray:
+        signal = (1.0 if self.cue else -1.0) if self.t == 0 else 0.0
+        return np.array([signal, min(self.t / self.length, 1.0)], dtype=np.float32)
+
+    def render(self) -> np.ndarray:
+        """An (8, 8, 3) uint8 frame: green for cue 1, red for cue 0, in the first step only."""
+        frame = np.full((8, 8, 3), 30, dtype=np.uint8)
+        if self.t == 0:
+            frame[2:6, 2:6] = (40, 200, 40) if self.cue else (200, 40, 40)
+        return frame
+
+
+class ToyCueImageEnv(ToyCueEnv):
+    """ToyCue observed as the uint8 image ``cue_image(t, cue, layout)``."""
+
+    def __init__(self, layout: str = "hwc", **kwargs: object) -> None:
+        super().__init__(**kwargs)
+        self.layout = layout
+        self.observation_space = spaces.Box(low=0, high=255, shape=cue_image(0, 0, layout).shape, dtype=np.uint8)
+
+    def _observation(self) -> np.ndarray:
+        return cue_image(self.t, self.cue, self.layout)
+
+
+class ToyBoxActionEnv(ToyCueEnv):
+    """ToyCue with a continuous action, which the models cannot take."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)
+        self.action_space = spaces.Box(low=-1.0, high=1.0, shape=(1,), dtype=np.float32)
+
+
+class ToyTupleObsEnv(ToyCueEnv):
+    """ToyCue with a Tuple observation, which the models cannot take."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)
+        self.observation_space = spaces.Tuple((spaces.Discrete(2), spaces.Discrete(5)))
+
+    def _observation(self) -> tuple[int, int]:
+        return (self.cue if self.t == 0 else 0, self.t)
+
+
+for _name, _entry_point in (
+    ("ToyCue-v0", ToyCueEnv),
+    ("ToyCueImage-v0", ToyCueImageEnv),
+    ("ToyBoxAction-v0", ToyBoxActionEnv),
+    ("ToyTupleObs-v0", ToyTupleObsEnv),
+):
+    if _name not in gymnasium.registry:  # a second import (e.g. under another module name) must not re-register
+        gymnasium.register(id=_name, entry_point=_entry_point, max_episode_steps=SPEC_LIMIT)
