@@ -39,7 +39,8 @@ from docopt import docopt
 from torch.utils.flop_counter import FlopCounterMode
 
 from config import load_config, parse_overrides
-from trainer import PPOTrainer, check_memory_path, forward_minibatch
+from memory import check_memory_path
+from trainer import PPOTrainer
 
 
 def matmul_peak_gflops(device: torch.device, size: int = 2048, repeats: int = 5) -> float:
@@ -60,18 +61,18 @@ def matmul_peak_gflops(device: torch.device, size: int = 2048, repeats: int = 5)
 def count_flops(trainer: PPOTrainer) -> float:
     """Model MFLOP per environment step: one rollout forward per step, plus epochs x (forward + backward) per sample."""
     config = trainer.config
-    model, memory = trainer.model, trainer.memory
+    model, collector = trainer.model, trainer.collector
+    state = model.memory.start(config.n_workers, trainer.device)  # a scratch memory: the run's own stays as it is
+    state.load_state_dict(collector.state.state_dict())
+    model.memory.sync(state)  # the K/V cache is made once per rollout, not per step
     with FlopCounterMode(display=False) as counter, torch.no_grad():
-        keys_values, mask = memory.inputs(model)
-        out = model(trainer.obs.unsqueeze(1), keys_values, mask)
-        memory_before = memory.episode_steps.clone()
-        memory.append(model, out.tokens[:, 0])
-        memory.episode_steps.copy_(memory_before)
+        out = model.step(collector.obs, state)
+        model.memory.commit(state, out.record)
     rollout = counter.get_total_flops() / config.n_workers
     minibatch = next(trainer.buffer.minibatches(config.n_mini_batch, config.sequence_length, torch.Generator()))
     with FlopCounterMode(display=False) as counter:
-        out = forward_minibatch(model, minibatch, config.transformer.memory_length, trainer.memory_path)
-        (out.value.sum() + sum(logits.sum() for logits in out.logits)).backward()
+        out = model(minibatch.obs, minibatch.memory)
+        (out.value.sum() + out.policy.log_prob(minibatch.actions).sum()).backward()
     model.zero_grad(set_to_none=True)
     samples = minibatch.obs.shape[0] * minibatch.obs.shape[1]
     train = counter.get_total_flops() / samples * config.epochs
@@ -85,7 +86,7 @@ def measure(config_path: str, overrides: dict, path: str, updates: int, device: 
     trainer = PPOTrainer(config, "benchmark", device, 0, path, models_dir=folder, summaries_dir=folder)
     try:
         trainer.rollout()
-        trainer.optimize()
+        trainer.learner.optimize(trainer.buffer, trainer.update)
         mflop = count_flops(trainer)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
@@ -94,7 +95,7 @@ def measure(config_path: str, overrides: dict, path: str, updates: int, device: 
             start = time.perf_counter()
             trainer.rollout()
             middle = time.perf_counter()
-            trainer.optimize()
+            trainer.learner.optimize(trainer.buffer, trainer.update)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             rollout_s += middle - start

@@ -1,17 +1,27 @@
-"""Saving and loading models: one dict of tensors and builtins, loadable with ``torch.load(weights_only=True)``.
+"""Model files and the training state a checkpoint holds: one dict of tensors and builtins each, loadable with
+``torch.load(weights_only=True)``.
 
 Files are written atomically (a temporary file in the same folder, then ``os.replace``), so a run killed while
 saving leaves the previous file intact.
+
+A checkpoint (``models/<run-id>/checkpoint.pt``) holds everything a resumed run needs to continue exactly: model,
+optimizer, config, the run's counters, the random number generator states, each worker's memory and the memory's
+trace carried into the next rollout, and the environments' state (their episode numbers and the actions of the
+running episodes, which ``Workers.restore`` replays). A model file (``models/<run-id>.nn``) holds what enjoy.py needs:
+weights, config, observation shape and action dims.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import tempfile
+from dataclasses import dataclass
 
 import torch
 
 from config import Config, ConfigError, validate_config
+from memory import MemoryState, MemoryTrace
 from model import ActorCriticModel
 
 
@@ -72,5 +82,95 @@ def load_model(path: str, device: torch.device) -> tuple[ActorCriticModel, Confi
     except ConfigError as error:
         raise ValueError(f"'{path}' holds a config this version cannot read: {error}") from None
     model = ActorCriticModel(config, tuple(payload["observation_shape"]), payload["action_dims"])
-    model.load_state_dict(payload["model"])
+    load_weights(model, payload["model"], path)
     return model.to(device), config
+
+
+def load_weights(model: ActorCriticModel, weights: dict[str, torch.Tensor], path: str) -> None:
+    """``model.load_state_dict(weights)``, with an error that says what to do when the file does not fit the code."""
+    missing = sorted(set(model.state_dict()) - set(weights))
+    if missing:
+        raise ValueError(
+            f"'{path}' does not fit this version of the model (it lacks '{missing[0]}'; files written before the "
+            "encoder/memory/heads split name their weights differently): train it again with this version"
+        )
+    model.load_state_dict(weights)
+
+
+@dataclass
+class Progress:
+    """Names and counters of a run: what a checkpoint holds besides the tensors."""
+
+    run_id: str
+    seed: int
+    memory_path: str
+    summary_dir: str
+    update: int = 0  # completed updates
+    env_steps: int = 0  # environment steps of all workers so far
+
+
+def snapshot_training(
+    progress: Progress,
+    config: Config,
+    model: ActorCriticModel,
+    optimizer: torch.optim.Optimizer,
+    generator: torch.Generator,
+    workers_state: list[dict],
+    memory_state: MemoryState,
+    trace: MemoryTrace,
+) -> dict:
+    """Everything a resumed run needs, copied (the model keeps training after this); ``restore_training`` reads it."""
+    cuda = next(model.parameters()).device.type == "cuda"
+    return {
+        "kind": "checkpoint",
+        "model": {key: value.detach().cpu().clone() for key, value in model.state_dict().items()},
+        "optimizer": copy.deepcopy(optimizer.state_dict()),
+        "config": config.to_dict(),
+        "observation_shape": list(model.observation_shape),
+        "action_dims": list(model.action_dims),
+        "run_id": progress.run_id,
+        "seed": progress.seed,
+        "memory_path": progress.memory_path,
+        "summary_dir": progress.summary_dir,
+        "update": progress.update,
+        "env_steps": progress.env_steps,
+        "rng": {
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if cuda else [],
+            "minibatch": generator.get_state(),
+        },
+        "workers": workers_state,
+        "memory": memory_state.state_dict(),
+        "trace": trace.state_dict(),
+    }
+
+
+def restore_training(
+    payload: dict,
+    model: ActorCriticModel,
+    optimizer: torch.optim.Optimizer,
+    generator: torch.Generator,
+    memory_state: MemoryState,
+    trace: MemoryTrace,
+) -> Progress:
+    """Load a ``snapshot_training`` payload into freshly built parts; the caller restores the workers from
+    ``payload["workers"]``. Returns the run's progress."""
+    found = (tuple(payload["observation_shape"]), list(payload["action_dims"]))
+    expected = (tuple(model.observation_shape), list(model.action_dims))
+    if found != expected:
+        raise ValueError(
+            f"the checkpoint's model takes observations {found[0]} and actions {found[1]}, but the environment "
+            f"gives observations {expected[0]} and actions {expected[1]}: resume with the config it was trained with"
+        )
+    load_weights(model, payload["model"], "the checkpoint")
+    optimizer.load_state_dict(payload["optimizer"])
+    torch.set_rng_state(payload["rng"]["torch"])
+    if next(model.parameters()).device.type == "cuda" and payload["rng"]["cuda"]:
+        torch.cuda.set_rng_state_all(payload["rng"]["cuda"])
+    generator.set_state(payload["rng"]["minibatch"])
+    memory_state.load_state_dict(payload["memory"])
+    trace.load_state_dict(payload["trace"])
+    return Progress(
+        payload["run_id"], payload["seed"], payload["memory_path"], payload["summary_dir"], payload["update"],
+        payload["env_steps"],
+    )  # fmt: skip

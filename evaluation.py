@@ -1,7 +1,7 @@
 """Evaluation on unseen seeds, shared by the trainer and enjoy.py; summaries with IQM and bootstrap intervals.
 
-An episode runs through the same ``RolloutMemory`` as training rollouts, so evaluation sees exactly the memory
-windows the agent was trained with. Seeds: episode k of an evaluation is reset with
+An episode steps through the model's memory exactly as a training rollout does (``Memory.step``/``commit``), so
+evaluation sees exactly the memory the agent was trained with. Seeds: episode k of an evaluation is reset with
 ``episode_seed(seed, 0, k, evaluation=True)``, which is odd, while training episodes get even seeds (worker.py); Memory
 Gym in addition draws evaluation episodes from task seeds outside its training range (start-seed .. start-seed +
 num-seeds).
@@ -16,8 +16,7 @@ import torch
 
 from config import Config
 from environments import create_env
-from memory import MEMORY_DTYPES, RolloutMemory
-from model import ActorCriticModel, sample_actions
+from model import ActorCriticModel
 from worker import episode_seed
 
 # on_step(env, step, attention): called after every agent step; attention is per block (H, L) over the ring slots
@@ -51,25 +50,22 @@ def evaluate(
         attention: compute attention weights for ``on_step``.
     """
     model.eval()
-    tf = config.transformer
     env = create_env(config.environment, render_mode=render_mode, evaluation=True)
-    memory = RolloutMemory(1, tf.memory_length, tf.num_blocks, tf.embed_dim, MEMORY_DTYPES[config.memory_dtype], device)
+    memory = model.memory
+    state = memory.start(1, device)
     generator = torch.Generator(device=device).manual_seed(episode_seed(seed, 0, 0, evaluation=True))
     results = []
     try:
-        memory.refresh(model)
+        memory.sync(state)
         for episode in range(episodes):
             obs, _ = env.reset(seed=episode_seed(seed, 0, episode, evaluation=True))
-            memory.end_episodes(torch.ones(1, dtype=torch.bool, device=device))
+            state.end_episodes(torch.ones(1, dtype=torch.bool, device=device))
             step, info = 0, {}
             while "episode" not in info:
-                keys_values, mask = memory.inputs(model)
-                out = model(model.prepare(obs[None, None]), keys_values, mask, return_attention=attention)
-                actions, _ = sample_actions([x[:, 0] for x in out.logits], deterministic, generator)
-                weights = (
-                    _ordered_attention(out.attention, int(memory.episode_steps[0]), tf.memory_length) if attention else None
-                )
-                memory.append(model, out.tokens[:, 0])
+                out = model.step(model.prepare(obs[None]), state, return_attention=attention)
+                actions = out.policy.sample(deterministic, generator)
+                weights = memory.attention_over_steps(state, out.attention) if attention else None
+                memory.commit(state, out.record)
                 action = actions[0].cpu().numpy()
                 obs, _, terminated, truncated, info = env.step(action[0] if len(action) == 1 else action)
                 step += 1
@@ -81,14 +77,6 @@ def evaluate(
     finally:
         env.close()
     return results
-
-
-def _ordered_attention(weights: list[torch.Tensor], episode_step: int, memory_length: int) -> list[np.ndarray]:
-    """Per block (H, V) attention over the V visible past steps, oldest first (ring slots reordered by step)."""
-    visible = min(episode_step, memory_length)
-    steps = np.arange(episode_step - visible, episode_step)
-    slots = steps % memory_length
-    return [w[0, :, 0, slots].cpu().numpy() for w in weights]
 
 
 def interquartile_mean(values: np.ndarray) -> float:

@@ -1,136 +1,151 @@
-"""The episodic memory seen step by step (rollouts, evaluation) and the window masks shared with training.
+"""The memory seam: everything the trainer, evaluation and enjoy.py know about an agent's memory.
 
-Shapes (legend as in buffer.py): N workers, L memory length, K blocks, D embed dim, H heads, d head width.
+Shapes (legend as in buffer.py): N workers, T steps per rollout, B chunks, C steps per chunk, D embed dim.
 
-Step by step, each worker keeps a ring of its last L memory tokens: the token of episode step s lives in ring
-slot s % L. At episode step t the visible steps are [max(0, t - L), t), which in the ring are
+A memory sits between the observation encoder and the heads. It is used in two ways, through one interface:
 
-    slots j < t        while t < L   (the first t slots, filled in order)
-    all L slots        once t >= L   (the ring holds exactly the last L steps)
+Step by step (rollouts, bootstrap values, evaluation), one stream per worker::
 
-so the mask needs nothing but t. Attention does not care about slot order: each token carries its position
-through the positional encoding of its own episode step.
+    state = memory.start(n_workers, device)    # every worker at the start of an episode
+    memory.sync(state)                         # after the weights changed (each rollout starts with it)
+    out = memory.step(h, state, index)         # h (n, D) -> MemoryOutput: features (n, D) for the heads, a record
+    memory.commit(state, out.record)           # the step was taken: remember it and advance the episode step
+    state.end_episodes(done)                   # (N,) workers whose episode ended start afresh
 
-``RolloutMemory(cache_kv=True)`` is the fast path: every token's keys and values are projected once, when the
-token is written, so a step costs O(D^2 + L D) whatever L is. ``cache_kv=False`` is the plain path, the
-executable specification: it re-projects the whole window at every step, O(L D^2).
+Over minibatches of sequence chunks (training), from what the rollout recorded::
+
+    trace = memory.trace(n_workers, worker_steps, device)   # per worker, carried from rollout to rollout
+    trace.start_rollout(); trace.record(t, out.record)       # during the rollout, step t of every worker
+    context = trace.chunks(workers, chunks, c)               # (B,) chunk j of worker w covers steps [j c, (j + 1) c)
+    out = memory.forward_chunks(h, context)                  # h (B, C, D) -> MemoryOutput, features (B, C, D)
+
+At the rollout's weights ``forward_chunks`` reproduces what ``step`` gave (tests/test_equivalence.py holds every
+memory to it), so PPO's ratios start at 1. A checkpoint keeps ``state.state_dict()`` and ``trace.state_dict()``.
+
+The episodic TrXL/GTrXL memory (trxl_memory.py) is the first implementation. A recurrent memory keeps its hidden
+state in the state, records the state of each step in its trace, and its context is the hidden state at each chunk's
+start (truncated backpropagation through the chunk); "no memory" returns h as it is. Neither touches the trainer.
 """
 
 from __future__ import annotations
 
-import torch
+from abc import ABC, abstractmethod
+from typing import NamedTuple
 
-from model import ActorCriticModel
+import numpy as np
+import torch
+from torch import nn
 
 MEMORY_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+MEMORY_PATHS = ("fast", "plain")
 
 
-def band_mask(key_episodes: torch.Tensor, query_episodes: torch.Tensor, memory_length: int) -> torch.Tensor:
-    """Which memory slots each query of a sequence chunk may attend to.
+class MemoryOutput(NamedTuple):
+    """What a memory gives for some steps."""
 
-    A chunk of C consecutive steps of one worker uses the S = C + L - 1 trace slots that start L slots before its
-    first step; query q (the chunk's q-th step) owns the window of slots [q, q + L) and sees the slots of that
-    window that belong to its own episode (query q's own token is slot L + q, the window is the L slots before it).
-    Example, L = 3, C = 4, an episode (id 7) starting at the chunk's step 1:
-
-        slot        0  1  2  3  4  5         key episodes   6  6  6  6  7  7
-        query 0     x  x  x  .  .  .         (episode 6: its 3 previous steps)
-        query 1     .  -  -  -  .  .         (episode 7, step 0: nothing)
-        query 2     .  .  -  -  x  .         (step 1)
-        query 3     .  .  .  -  x  x         (step 2)
-
-    Args:
-        key_episodes: (B, S) episode id of each memory slot (-1 for padding, which nothing sees).
-        query_episodes: (B, C) episode id of each query step.
-        memory_length: L.
-
-    Returns:
-        (B, C, S) boolean mask.
-    """
-    c, s = query_episodes.shape[1], key_episodes.shape[1]
-    query = torch.arange(c, device=key_episodes.device).unsqueeze(1)
-    slot = torch.arange(s, device=key_episodes.device).unsqueeze(0)
-    band = (slot >= query) & (slot < query + memory_length)  # (C, S)
-    return band & (key_episodes.unsqueeze(1) == query_episodes.unsqueeze(2))
+    features: torch.Tensor  # (..., D) input of the heads
+    record: object  # what the trace stores of these steps (the memory's own type)
+    attention: list[torch.Tensor] | None  # per block attention weights where the memory has them and they were asked for
 
 
-def ring_mask(episode_steps: torch.Tensor, memory_length: int) -> torch.Tensor:
-    """(N, L) visible ring slots of workers at episode steps ``episode_steps`` (N,); see the module docstring."""
-    return torch.arange(memory_length, device=episode_steps.device) < episode_steps.clamp(max=memory_length).unsqueeze(1)
+class MemoryState(ABC):
+    """Per-worker memory for stepping through episodes."""
 
-
-class RolloutMemory:
-    """Per-worker rings of the last L memory tokens, with optional K/V cache.
-
-    Attributes:
-        tokens: (N, L, K, D) raw memory tokens in the memory dtype, ring slot = episode step % L.
-        token_steps: (N, L) episode step of each ring slot.
-        episode_steps: (N,) episode step of each worker's current step.
-        episode_ids: (N,) running episode counter of each worker (unique per worker).
-    """
-
-    def __init__(
-        self,
-        n_workers: int,
-        memory_length: int,
-        num_blocks: int,
-        embed_dim: int,
-        memory_dtype: torch.dtype,
-        device: torch.device,
-        cache_kv: bool = True,
-    ) -> None:
-        self.memory_length = memory_length
-        self.memory_dtype = memory_dtype
-        self.cache_kv = cache_kv
-        self.tokens = torch.zeros(n_workers, memory_length, num_blocks, embed_dim, dtype=memory_dtype, device=device)
-        self.token_steps = torch.zeros(n_workers, memory_length, dtype=torch.long, device=device)
-        self.episode_steps = torch.zeros(n_workers, dtype=torch.long, device=device)
-        self.episode_ids = torch.zeros(n_workers, dtype=torch.long, device=device)
-        self.keys_values: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # per block (N, H, L, d)
-
-    @torch.no_grad()
-    def refresh(self, model: ActorCriticModel) -> None:
-        """Re-project the cached keys and values with the model's current weights (after each update)."""
-        if self.cache_kv:
-            self.keys_values = model.project_memory(self.tokens, self.token_steps)
-
-    def inputs(
-        self, model: ActorCriticModel, index: torch.Tensor | None = None
-    ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
-        """Keys/values (per block, (n, H, S, d)) and mask (n, 1, S) for the current step of workers ``index`` (all).
-
-        Plain path: S = L, the whole window is projected, as the specification says. Fast path: only the first
-        S = min(L, largest episode step) ring slots can be visible (slot j holds step j until the ring wraps), so only
-        their cached keys and values are passed on: attention reads as much memory as the episodes have, not L slots.
-        """
-        rows = slice(None) if index is None else index
-        steps = self.episode_steps[rows]
-        mask = ring_mask(steps, self.memory_length).unsqueeze(1)
-        if not self.cache_kv:
-            return model.project_memory(self.tokens[rows], self.token_steps[rows]), mask
-        if self.keys_values is None:
-            self.refresh(model)
-        span = max(1, min(self.memory_length, int(steps.max())))
-        return [(k[rows, :, :span], v[rows, :, :span]) for k, v in self.keys_values], mask[..., :span]
-
-    @torch.no_grad()
-    def append(self, model: ActorCriticModel, tokens: torch.Tensor) -> None:
-        """Store the memory tokens (N, K, D) of every worker's current step and advance its episode step."""
-        rows = torch.arange(tokens.shape[0], device=tokens.device)
-        slots = self.episode_steps % self.memory_length
-        stored = tokens.to(self.memory_dtype)
-        self.tokens[rows, slots] = stored
-        self.token_steps[rows, slots] = self.episode_steps
-        if self.cache_kv:
-            if self.keys_values is None:
-                self.refresh(model)
-            new = model.project_memory(stored.unsqueeze(1), self.episode_steps.unsqueeze(1))  # per block (N, H, 1, d)
-            for (k, v), (new_k, new_v) in zip(self.keys_values, new, strict=True):
-                k[rows, :, slots] = new_k[:, :, 0]
-                v[rows, :, slots] = new_v[:, :, 0]
-        self.episode_steps += 1
-
+    @abstractmethod
     def end_episodes(self, done: torch.Tensor) -> None:
         """Start a new episode for the workers where ``done`` (N,) is True: nothing of the old one stays visible."""
-        self.episode_steps[done] = 0
-        self.episode_ids[done] += 1
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Copies (on the CPU) of everything a resumed run needs."""
+
+    @abstractmethod
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Take back what ``state_dict`` returned."""
+
+
+class MemoryTrace(ABC):
+    """Per-worker record of a rollout's steps, with what is carried in from before it, for training."""
+
+    @abstractmethod
+    def start_rollout(self) -> None:
+        """Keep what the next rollout's first steps need of the previous rollout."""
+
+    @abstractmethod
+    def record(self, t: int, record: object) -> None:
+        """Store the record of rollout step t of every worker (``MemoryOutput.record`` of ``Memory.step``)."""
+
+    @abstractmethod
+    def chunks(self, workers: torch.Tensor, chunks: torch.Tensor, length: int) -> object:
+        """The memory context of B chunks: chunk ``chunks[b]`` (steps [j C, (j + 1) C)) of worker ``workers[b]``."""
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Copies (on the CPU) of what ``start_rollout`` carries into the next rollout."""
+
+    @abstractmethod
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Take back what ``state_dict`` returned; the next ``start_rollout`` carries it on."""
+
+
+class Memory(nn.Module, ABC):
+    """A memory between encoder and heads; see the module docstring for how it is used."""
+
+    @abstractmethod
+    def start(self, n_workers: int, device: torch.device) -> MemoryState:
+        """Memory for ``n_workers`` streams, each at the start of an episode."""
+
+    def sync(self, state: MemoryState) -> None:
+        """Bring what ``state`` caches of the weights up to date (called after every update); nothing by default."""
+
+    @abstractmethod
+    def step(
+        self, h: torch.Tensor, state: MemoryState, index: torch.Tensor | None = None, return_attention: bool = False
+    ) -> MemoryOutput:
+        """Features (n, D) of the current step of workers ``index`` (all), whose embedded observations are h (n, D).
+
+        Changes nothing in ``state``: ``commit`` does, once the step is taken (bootstrap values only look).
+        """
+
+    @abstractmethod
+    def commit(self, state: MemoryState, record: object) -> None:
+        """Remember the step of every worker that ``step`` (with ``index`` None) returned ``record`` for."""
+
+    @abstractmethod
+    def trace(self, n_workers: int, worker_steps: int, device: torch.device) -> MemoryTrace:
+        """An empty trace for rollouts of ``n_workers`` x ``worker_steps``."""
+
+    @abstractmethod
+    def forward_chunks(self, h: torch.Tensor, context: object) -> MemoryOutput:
+        """Features (B, C, D) of B chunks of C consecutive steps, h (B, C, D), with the context ``trace.chunks`` gave."""
+
+    def attention_over_steps(self, state: MemoryState, attention: list[torch.Tensor], row: int = 0) -> list[np.ndarray]:
+        """Per block (H, V) attention of worker ``row``'s step over its V visible past steps, oldest first."""
+        raise NotImplementedError(f"{type(self).__name__} has no attention to show")
+
+
+def check_memory_path(memory_path: str, config: object, flag: str = "--memory-path") -> None:
+    """Raise ValueError, naming the fix, for an unknown memory path or a config option the path does not implement.
+
+    ``flag`` is the command-line option that chose the path, for the message.
+    """
+    if memory_path not in MEMORY_PATHS:
+        raise ValueError(f"{flag} '{memory_path}' is unknown: use one of {', '.join(MEMORY_PATHS)}")
+    if config.transformer.memory_gradients and memory_path != "fast":
+        raise ValueError(
+            "'transformer.memory_gradients' is true, which only the fast memory path implements: "
+            f"use {flag} fast or set it to false"
+        )
+
+
+def make_memory(config: object, memory_path: str = "fast") -> Memory:
+    """The memory a training config asks for (today the episodic TrXL/GTrXL memory).
+
+    Args:
+        config: a validated ``config.Config``.
+        memory_path: "fast" (K/V cache, banded chunk attention) or "plain" (the per-window specification).
+    """
+    from trxl_memory import TrXLMemory  # the implementations import this module's interface
+
+    check_memory_path(memory_path, config)
+    return TrXLMemory(config.transformer, MEMORY_DTYPES[config.memory_dtype], memory_path)

@@ -1,15 +1,15 @@
-"""The episodic Transformer-XL memory (TrXL, optionally gated as GTrXL).
+"""The Transformer-XL network of the episodic memory (TrXL, optionally gated as GTrXL): blocks, attention, one block loop.
 
 Shapes (legend as in buffer.py): B batch, Q queries per batch row, S memory slots per batch row,
 K blocks, D embed dim, H heads, d = D / H head width.
 
 The current step is one token per query. Block i attends from that token (the query) to block i's memory:
-the inputs block i received at earlier steps of the same episode, stored without gradient. Every path through
-the model (rollout with a K/V cache, training on sequence chunks, the plain per-window specification) goes
-through the same two calls per block:
+the inputs block i received at earlier steps of the same episode. Which slots hold which steps, and which of them a
+query sees, is the memory layout's business (trxl_memory.py); here every path (rollout with a K/V cache, training on
+sequence chunks, the plain per-window specification) goes through the same two calls per block:
 
-    k, v = block.project_memory(memory_i, positions)    # memory tokens -> keys/values, (B, H, S, d)
-    h = block(h, k, v, mask)                            # (B, Q, D) queries attend to the slots mask allows
+    k, v = transformer.project_block(i, memory_i, positions_i)   # memory tokens -> keys/values, (B, H, S, d)
+    h = block(h, k, v, mask)                                     # (B, Q, D) queries attend to the slots mask allows
 
 A query with no visible memory slot (the first step of an episode) gets no attention contribution at all: the
 attention output is exactly zero, whatever the padding holds.
@@ -18,6 +18,7 @@ attention output is exactly zero, whatever the padding holds.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -27,6 +28,9 @@ from torch.nn import functional as F
 from config import TransformerConfig
 
 LEARNED_POSITIONS = 2048  # rows of the learned positional table; later episode steps share the last row
+
+# Per block (k, v), each (B, H, S, d), or a function (block index, block input (B, Q, D)) -> (k, v).
+KeyValueSource = list[tuple[torch.Tensor, torch.Tensor]] | Callable[[int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 def sinusoidal_encoding(steps: torch.Tensor, dim: int) -> torch.Tensor:
@@ -195,23 +199,27 @@ class Transformer(nn.Module):
             K pairs (k, v), each (B, H, S, d).
         """
         memory = memory.float()
-        positions = self.position_encoding(steps)
+        positions = self.position_encoding(steps)  # (B, S, K, D) or None
+        return [
+            self.project_block(i, memory[:, :, i], None if positions is None else positions[:, :, i])
+            for i in range(len(self.blocks))
+        ]
+
+    def project_block(self, i: int, memory: torch.Tensor, positions: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values (B, H, S, d) of block i's memory tokens (B, S, D) with their encoding (B, S, D) or None."""
         if positions is not None:
             memory = memory + positions
-        return [block.project_memory(memory[:, :, i]) for i, block in enumerate(self.blocks)]
+        return self.blocks[i].project_memory(memory)
 
     def forward(
-        self,
-        h: torch.Tensor,
-        keys_values: list[tuple[torch.Tensor, torch.Tensor]],
-        mask: torch.Tensor,
-        return_weights: bool = False,
+        self, h: torch.Tensor, keys_values: KeyValueSource, mask: torch.Tensor, return_weights: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor] | None]:
-        """Run the blocks.
+        """Run the blocks: the one block loop of every path (rollout, training chunks, plain windows).
 
         Args:
             h: (B, Q, D) embedded observations, one token per query step.
-            keys_values: per block (k, v), each (B, H, S, d).
+            keys_values: per block (k, v), each (B, H, S, d); or a function (i, block i's input (B, Q, D)) -> (k, v),
+                for memories whose slots hold this very pass's block inputs (see TrXLMemory's memory_gradients).
             mask: (B, Q, S) True where a query may attend to a memory slot.
             return_weights: also return each block's attention weights.
 
@@ -219,47 +227,14 @@ class Transformer(nn.Module):
             out (B, Q, D); tokens (B, Q, K, D), the block inputs, i.e. the new memory tokens of these steps;
             per-block weights (B, H, Q, S) or None.
         """
+        source = keys_values if callable(keys_values) else (lambda i, _: keys_values[i])
         tokens = []
         weights = [] if return_weights else None
         attention_mask = AttentionMask.build(mask)
-        for block, (k, v) in zip(self.blocks, keys_values, strict=True):
+        for i, block in enumerate(self.blocks):
             tokens.append(h)
+            k, v = source(i, h)
             h, w = block(h, k, v, attention_mask, return_weights)
             if return_weights:
                 weights.append(w)
         return h, torch.stack(tokens, dim=2), weights
-
-    def forward_chunk(
-        self, h: torch.Tensor, memory: torch.Tensor, steps: torch.Tensor, mask: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run the blocks over chunks of consecutive steps, with gradients into the memory of the chunk's own steps.
-
-        ``forward`` attends to memory tokens made by the rollout, without gradient: the observation encoder then never
-        learns from a step being useful *later*, only from its use at its own step. Here, as in Transformer-XL's
-        training on segments, block i's memory slots of the chunk's own steps hold block i's inputs of this very pass,
-        so the loss of a later step reaches the earlier steps' observations; the L tokens carried in from before the
-        chunk stay the rollout's. With the rollout's parameters both give the same outputs (the rollout made those
-        tokens from the same inputs); they differ once the parameters move.
-
-        Args:
-            h: (B, Q, D) embedded observations of Q consecutive steps.
-            memory: (B, S, K, D) slots, S = Q + L - 1: L carried-in tokens, then the tokens of steps 0 .. Q - 2.
-            steps: (B, S) episode step of each slot.
-            mask: (B, Q, S) True where a query may attend to a slot.
-
-        Returns:
-            out (B, Q, D) and the tokens (B, Q, K, D), as ``forward``.
-        """
-        carried = memory.shape[1] - (h.shape[1] - 1)
-        stale = memory[:, :carried].float()
-        positions = self.position_encoding(steps)  # (B, S, K, D) or None
-        attention_mask = AttentionMask.build(mask)
-        tokens = []
-        for i, block in enumerate(self.blocks):
-            tokens.append(h)
-            slots = torch.cat([stale[:, :, i], h[:, :-1]], dim=1)  # (B, S, D)
-            if positions is not None:
-                slots = slots + positions[:, :, i]
-            k, v = block.project_memory(slots)
-            h, _ = block(h, k, v, attention_mask)
-        return h, torch.stack(tokens, dim=2)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import torch
+from conftest import small_config
 
 from buffer import Buffer
-from model import dequantize_images, quantize_images
+from encoders import dequantize_images, quantize_images
+from model import ActorCriticModel
+from trxl_memory import TrXLContext
 
 
 def test_images_of_255_levels_round_trip_exactly() -> None:
@@ -16,38 +19,44 @@ def test_images_of_255_levels_round_trip_exactly() -> None:
 
 
 def test_buffer_stores_images_as_uint8() -> None:
-    buffer = Buffer(2, 4, 3, 1, 2, (3, 4, 4), 1, torch.float32, torch.device("cpu"))
+    model = ActorCriticModel(small_config(), (3, 36, 36), [1])
+    assert model.storage_dtype == torch.uint8
+    cpu = torch.device("cpu")
+    buffer = Buffer(2, 4, (3, 36, 36), model.storage_dtype, 1, model.memory.trace(2, 4, cpu), cpu)
     assert buffer.obs.dtype == torch.uint8
-    images = torch.randint(0, 256, (2, 3, 4, 4), dtype=torch.uint8)
-    for t in range(4):
-        buffer.record_step(
-            t, images, torch.zeros(2, 1), torch.zeros(2), torch.zeros(2), torch.zeros(2, 1, 2), torch.zeros(2), torch.zeros(2)
-        )
+    images = torch.rand(2, 3, 36, 36)
+    state = model.memory.start(2, cpu)
+    with torch.no_grad():
+        for t in range(4):
+            obs = model.prepare(images.numpy())
+            out = model.step(obs, state)
+            buffer.record_step(t, obs, torch.zeros(2, 1), torch.zeros(2), torch.zeros(2), out.record)
+            model.memory.commit(state, out.record)
     minibatch = next(buffer.minibatches(1, 4, torch.Generator().manual_seed(0)))
     assert minibatch.obs.dtype == torch.uint8
-    assert torch.equal(minibatch.obs[0, 0], images[0]) or torch.equal(minibatch.obs[0, 0], images[1])
-    vectors = Buffer(2, 4, 3, 1, 2, (5,), 1, torch.float32, torch.device("cpu"))
-    assert vectors.obs.dtype == torch.float32
+    assert torch.equal(minibatch.obs[0, 0], quantize_images(images[0])) or torch.equal(
+        minibatch.obs[0, 0], quantize_images(images[1])
+    )
+    vector_model = ActorCriticModel(small_config(), (5,), [1])
+    assert vector_model.storage_dtype == torch.float32
+    assert vector_model.prepare(torch.rand(2, 5).numpy()).dtype == torch.float32
 
 
 def test_model_on_uint8_images_equals_float_images_with_gradients() -> None:
-    from conftest import small_config
-
-    from model import ActorCriticModel
-
     torch.manual_seed(0)
     model = ActorCriticModel(small_config(), (3, 84, 84), [3])
     levels = torch.randint(0, 256, (2, 3, 3, 84, 84), dtype=torch.uint8)
-    memory, steps = torch.randn(2, 4, 2, 16), torch.arange(4).expand(2, 4)
-    mask = torch.ones(2, 3, 4, dtype=torch.bool)
+    memory, steps = torch.randn(2, 6, 2, 16), torch.arange(6).expand(2, 6)  # S = C + L - 1 = 6 slots
+    mask = torch.ones(2, 3, 6, dtype=torch.bool)
+    context = TrXLContext(memory, steps, mask, torch.ones(2, 3, 4, dtype=torch.bool))
     results = []
     for obs in (levels, dequantize_images(levels)):
         model.zero_grad()
-        out = model(obs, model.project_memory(memory, steps), mask)
+        out = model(obs, context)
         out.value.sum().backward()
         results.append((out.value.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
     (value_u8, grads_u8), (value_f, grads_f) = results
     torch.testing.assert_close(value_u8, value_f)  # the uint8 path folds 1/255 into the weights: rounding differs
-    assert grads_u8.keys() == grads_f.keys() and "conv.0.weight" in grads_u8
+    assert grads_u8.keys() == grads_f.keys() and "encoder.conv.0.weight" in grads_u8
     for name in grads_u8:
         torch.testing.assert_close(grads_u8[name], grads_f[name], rtol=1e-5, atol=1e-6, msg=name)

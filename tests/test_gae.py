@@ -11,7 +11,7 @@ GAMMA, LAMDA = 0.9, 0.5
 
 
 def run_gae(rewards, values, terminated, truncated, final_values, last_value):
-    buffer = Buffer(1, len(rewards), 2, 1, 2, (1,), 1, torch.float32, torch.device("cpu"))
+    buffer = Buffer(1, len(rewards), (1,), torch.float32, 1, None, torch.device("cpu"))  # GAE needs no memory trace
     buffer.rewards[0] = torch.tensor(rewards)
     buffer.values[0] = torch.tensor(values)
     buffer.terminated[0] = torch.tensor(terminated)

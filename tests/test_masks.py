@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
+from conftest import small_config
 
-from buffer import Buffer
-from memory import band_mask, ring_mask
+from trxl_memory import EpisodicLayout, TrXLTrace, band_mask, ring_mask
 
 
 def table(rows: list[str]) -> torch.Tensor:
@@ -13,58 +13,59 @@ def table(rows: list[str]) -> torch.Tensor:
     return torch.tensor([[char == "x" for char in row.replace(" ", "")] for row in rows])
 
 
-def make_buffer(n: int, t: int, length: int) -> Buffer:
-    return Buffer(n, t, length, 1, 2, (3,), 1, torch.float32, torch.device("cpu"))
+def make_trace(n: int, t: int, length: int) -> TrXLTrace:
+    config = small_config({"num_blocks": 1, "embed_dim": 2, "num_heads": 1, "memory_length": length}).transformer
+    return TrXLTrace(EpisodicLayout(length), n, t, config, torch.float32, torch.device("cpu"))
 
 
-def window_visibility(buffer: Buffer, query_episodes: torch.Tensor) -> torch.Tensor:
+def window_visibility(trace: TrXLTrace, query_episodes: torch.Tensor) -> torch.Tensor:
     """(N, T, L) visibility of every rollout step's window, read off the unfold view."""
-    _, _, episodes = buffer.windows()  # (N, T + 1, L)
-    return episodes[:, : buffer.worker_steps] == query_episodes.unsqueeze(2)
+    _, _, episodes = trace.windows()  # (N, T + 1, L)
+    return episodes[:, : query_episodes.shape[1]] == query_episodes.unsqueeze(2)
 
 
 def test_design_table_episode_starting_inside_the_trace() -> None:
     # MEMORY-DESIGN.md: L = 4, the episode starts at trace slot 4, slots 0-3 hold the previous episode.
-    buffer = make_buffer(1, 6, 4)
-    buffer.trace_episodes[0] = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 1, 1])
-    visible = window_visibility(buffer, buffer.trace_episodes[:, 4:])
+    trace = make_trace(1, 6, 4)
+    trace.episodes[0] = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 1, 1])
+    visible = window_visibility(trace, trace.episodes[:, 4:])
     expected = table(["- - - -", "- - - x", "- - x x", "- x x x", "x x x x", "x x x x"])
     assert torch.equal(visible[0], expected)
 
 
 def test_windows_are_views_of_the_trace() -> None:
-    buffer = make_buffer(2, 5, 3)
-    buffer.trace.copy_(torch.arange(buffer.trace.numel(), dtype=torch.float32).view_as(buffer.trace))
-    memory, _, _ = buffer.windows()
-    assert memory.data_ptr() == buffer.trace.data_ptr()  # no copy
+    trace = make_trace(2, 5, 3)
+    trace.trace.copy_(torch.arange(trace.trace.numel(), dtype=torch.float32).view_as(trace.trace))
+    memory, _, _ = trace.windows()
+    assert memory.data_ptr() == trace.trace.data_ptr()  # no copy
     for t in range(6):
         # window t = trace slots [t, t + L), i.e. the L slots before step t's own slot L + t
-        assert torch.equal(memory[1, t].permute(2, 0, 1), buffer.trace[1, t : t + 3])
+        assert torch.equal(memory[1, t].permute(2, 0, 1), trace.trace[1, t : t + 3])
 
 
 def test_episode_end_inside_rollout_and_padding() -> None:
     # L = 3, T = 5; first rollout: slots 0-2 are padding (-1), episode 0 runs steps 0-1, episode 1 starts at step 2.
-    buffer = make_buffer(1, 5, 3)
+    trace = make_trace(1, 5, 3)
     episodes = torch.tensor([0, 0, 1, 1, 1])
-    buffer.trace_episodes[0, 3:] = episodes
-    visible = window_visibility(buffer, episodes.unsqueeze(0))
+    trace.episodes[0, 3:] = episodes
+    visible = window_visibility(trace, episodes.unsqueeze(0))
     expected = table(["- - -", "- - x", "- - -", "- - x", "- x x"])
     assert torch.equal(visible[0], expected)
 
 
 def test_rollout_boundary_carries_the_last_l_tokens() -> None:
-    buffer = make_buffer(1, 4, 3)
-    buffer.trace_episodes[0, 3:] = torch.tensor([5, 5, 5, 6])
-    buffer.trace_steps[0, 3:] = torch.tensor([7, 8, 9, 0])
-    buffer.trace[0, 3:, 0, 0] = torch.tensor([1.0, 2.0, 3.0, 4.0])
-    buffer.start_rollout()
-    assert buffer.trace_episodes[0, :3].tolist() == [5, 5, 6]
-    assert buffer.trace_steps[0, :3].tolist() == [8, 9, 0]
-    assert buffer.trace[0, :3, 0, 0].tolist() == [2.0, 3.0, 4.0]
+    trace = make_trace(1, 4, 3)
+    trace.episodes[0, 3:] = torch.tensor([5, 5, 5, 6])
+    trace.steps[0, 3:] = torch.tensor([7, 8, 9, 0])
+    trace.trace[0, 3:, 0, 0] = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    trace.start_rollout()
+    assert trace.episodes[0, :3].tolist() == [5, 5, 6]
+    assert trace.steps[0, :3].tolist() == [8, 9, 0]
+    assert trace.trace[0, :3, 0, 0].tolist() == [2.0, 3.0, 4.0]
     # next rollout: episode 6 continues for 2 steps, then episode 7 starts
     episodes = torch.tensor([6, 6, 7, 7])
-    buffer.trace_episodes[0, 3:] = episodes
-    visible = window_visibility(buffer, episodes.unsqueeze(0))
+    trace.episodes[0, 3:] = episodes
+    visible = window_visibility(trace, episodes.unsqueeze(0))
     expected = table(["- - x", "- x x", "- - -", "- - x"])
     assert torch.equal(visible[0], expected)
 

@@ -8,10 +8,18 @@ import pytest
 import torch
 from conftest import small_config
 
-from memory import ring_mask
-from model import ActorCriticModel, sample_actions
+from model import ActorCriticModel, PolicyOutput
+from trxl_memory import TrXLContext, ring_mask
 
 OPTIONS = list(itertools.product(["", "relative", "learned"], ["", "pre", "post"], [False, True]))
+
+
+def window_output(
+    model: ActorCriticModel, obs: torch.Tensor, memory: torch.Tensor, steps: torch.Tensor, visible: torch.Tensor
+) -> PolicyOutput:
+    """Policy and value of observations (B, *obs_shape) with their memory windows (B, L, K, D), on the plain path."""
+    out = model.memory.forward_windows(model.encoder(obs.unsqueeze(1))[:, 0], memory, steps, visible, return_attention=True)
+    return PolicyOutput(model.policy(out.features), model.value(out.features), out.record, out.attention)
 
 
 def transformer_options(positional_encoding: str, layer_norm: str, gtrxl: bool) -> dict:
@@ -23,19 +31,25 @@ def transformer_options(positional_encoding: str, layer_norm: str, gtrxl: bool) 
 def test_output_shapes(positional_encoding: str, layer_norm: str, gtrxl: bool, obs_shape: tuple, action_dims: list) -> None:
     config = small_config(transformer_options(positional_encoding, layer_norm, gtrxl))
     model = ActorCriticModel(config, obs_shape, action_dims)
-    b, q, s, length, k, d = 3, 2, 6, config.transformer.memory_length, 2, 16
+    b, q, length, k, d = 3, 2, config.transformer.memory_length, 2, 16
+    s = q + length - 1
     memory = torch.randn(b, s, k, d)
     steps = torch.arange(s).expand(b, s)
     mask = torch.rand(b, q, s) < 0.5
-    out = model(torch.rand(b, q, *obs_shape), model.project_memory(memory, steps), mask, return_attention=True)
-    assert [tuple(x.shape) for x in out.logits] == [(b, q, n) for n in action_dims]
+    context = TrXLContext(memory, steps, mask, model.memory.layout.chunk_windows(mask[:, 0]))
+    out = model(torch.rand(b, q, *obs_shape), context)
+    assert [tuple(x.shape) for x in out.policy.logits] == [(b, q, n) for n in action_dims]
     assert out.value.shape == (b, q)
-    assert out.tokens.shape == (b, q, k, d)
-    assert [tuple(w.shape) for w in out.attention] == [(b, 2, q, s)] * k
-    actions, log_probs = sample_actions(out.logits)
-    assert actions.shape == (b, q, len(action_dims)) and log_probs.shape == (b, q)
-    window = model.forward_windows(torch.rand(b, *obs_shape), memory[:, :length], steps[:, :length], mask[:, 0, :length])
-    assert window.value.shape == (b, 1) and window.tokens.shape == (b, 1, k, d)
+    assert out.record.shape == (b, q, k, d)  # the memory tokens of these steps
+    actions = out.policy.sample()
+    assert actions.shape == (b, q, len(action_dims)) and out.policy.log_prob(actions).shape == (b, q)
+    assert out.policy.entropy().shape == (b, q)
+    state = model.memory.start(b, torch.device("cpu"))
+    step = model.step(torch.rand(b, *obs_shape), state, return_attention=True)
+    assert step.value.shape == (b,) and step.record.tokens.shape == (b, k, d)
+    assert [tuple(w.shape) for w in step.attention] == [(b, 2, 1, 1)] * k  # one ring slot passed on at step 0
+    window = model.memory.forward_windows(torch.rand(b, d), memory[:, :length], steps[:, :length], mask[:, 0, :length])
+    assert window.features.shape == (b, d) and window.record.shape == (b, k, d)
 
 
 @pytest.mark.parametrize("positional_encoding,layer_norm,gtrxl", OPTIONS)
@@ -50,24 +64,23 @@ def test_empty_memory_ignores_padding(positional_encoding: str, layer_norm: str,
     outputs = []
     for padding in (torch.zeros(4, length, 2, 16), torch.randn(4, length, 2, 16) * 100, torch.full((4, length, 2, 16), 1e6)):
         steps = torch.randint(0, 50, (4, length))
-        out = model.forward_windows(obs, padding, steps, visible, return_attention=True)
-        assert torch.isfinite(out.value).all() and all(torch.isfinite(x).all() for x in out.logits)
+        out = window_output(model, obs, padding, steps, visible)
+        assert torch.isfinite(out.value).all() and all(torch.isfinite(x).all() for x in out.policy.logits)
         assert all((w == 0).all() for w in out.attention)
         outputs.append(out)
     for out in outputs[1:]:
         assert torch.equal(out.value, outputs[0].value)
-        assert all(torch.equal(a, b) for a, b in zip(out.logits, outputs[0].logits, strict=True))
+        assert all(torch.equal(a, b) for a, b in zip(out.policy.logits, outputs[0].policy.logits, strict=True))
 
 
 def test_empty_memory_has_finite_zero_gradients_through_attention() -> None:
     config = small_config(transformer_options("", "pre", False))
     model = ActorCriticModel(config, (5,), [3])
     memory = torch.randn(2, 4, 2, 16)
-    out = model.forward_windows(
-        torch.rand(2, 5), memory, torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, 4, dtype=torch.bool)
-    )
+    steps, visible = torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, 4, dtype=torch.bool)
+    out = window_output(model, torch.rand(2, 5), memory, steps, visible)
     out.value.sum().backward()
-    for block in model.transformer.blocks:
+    for block in model.memory.transformer.blocks:
         grad = block.attention.key_value.weight.grad
         assert grad is not None and torch.isfinite(grad).all() and (grad == 0).all()
 
@@ -77,6 +90,6 @@ def test_memory_changes_the_output_when_visible() -> None:
     torch.manual_seed(1)
     model = ActorCriticModel(small_config(), (5,), [3])
     obs, steps, visible = torch.rand(1, 5), torch.arange(4).unsqueeze(0), torch.ones(1, 4, dtype=torch.bool)
-    a = model.forward_windows(obs, torch.randn(1, 4, 2, 16), steps, visible).value
-    b = model.forward_windows(obs, torch.randn(1, 4, 2, 16), steps, visible).value
+    a = window_output(model, obs, torch.randn(1, 4, 2, 16), steps, visible).value
+    b = window_output(model, obs, torch.randn(1, 4, 2, 16), steps, visible).value
     assert not torch.allclose(a, b)

@@ -13,9 +13,11 @@ import torch
 import yaml
 from conftest import small_config
 
+import ppo
 import trainer as trainer_module
 from checkpoint import load_file
 from config import ConfigError, parse_overrides, validate_config
+from model import PolicyOutput
 from trainer import PPOTrainer, TrainingStopped
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -224,15 +226,14 @@ def test_sigkill_leaves_a_usable_checkpoint(tmp_path: str) -> None:
 def test_non_finite_loss_stops_and_keeps_the_last_good_update(tmp_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     config = small_config(updates=5, eval_interval=0)
     trainer = PPOTrainer(config, "nan", torch.device("cpu"), models_dir=str(tmp_path), summaries_dir=str(tmp_path))
-    original = trainer_module.forward_minibatch
+    original = ppo.ppo_loss
 
-    def poisoned(*args: object, **kwargs: object) -> object:
-        out = original(*args, **kwargs)
+    def poisoned(out: PolicyOutput, *args: object) -> object:
         if trainer.update == 2:  # the third update
-            return out._replace(value=out.value * float("nan"))
-        return out
+            out = out._replace(value=out.value * float("nan"))
+        return original(out, *args)
 
-    monkeypatch.setattr(trainer_module, "forward_minibatch", poisoned)
+    monkeypatch.setattr(ppo, "ppo_loss", poisoned)
     with pytest.raises(TrainingStopped) as error:
         trainer.run()
     assert "non-finite" in str(error.value) and "update 3" in str(error.value)
@@ -307,3 +308,52 @@ def test_memory_stays_flat_over_many_updates(tmp_path: str, monkeypatch: pytest.
     growth = rss[20] - rss[2]
     print(f"RSS after update 2: {rss[2]:.1f} MB, after update 20: {rss[20]:.1f} MB")
     assert growth < 15, f"RSS grew by {growth:.1f} MB from update 2 to 20: {rss}"
+
+
+@pytest.mark.parametrize("where", ["evaluation", "optimisation"])
+def test_any_error_after_an_update_keeps_a_checkpoint(tmp_path: str, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    config = small_config(updates=4, eval_interval=1)
+    trainer = PPOTrainer(config, "bug", torch.device("cpu"), models_dir=str(tmp_path), summaries_dir=str(tmp_path))
+    if where == "evaluation":
+        original = trainer.evaluate
+
+        def evaluate() -> dict[str, float]:
+            if trainer.update == 2:
+                raise RuntimeError("the evaluation environment broke")
+            return original()
+
+        monkeypatch.setattr(trainer, "evaluate", evaluate)
+    else:
+        original = trainer.learner.optimize
+
+        def optimize(*args: object) -> dict[str, float]:
+            if trainer.update == 2:
+                raise MemoryError("out of memory in the optimisation")
+            return original(*args)
+
+        monkeypatch.setattr(trainer.learner, "optimize", optimize)
+    with pytest.raises(TrainingStopped) as error:
+        trainer.run()
+    message = str(error.value)
+    assert "unexpected error" in message and "Traceback" in message  # a bug: where it happened is shown
+    assert "--resume=" in message
+    checkpoint = load_file(os.path.join(tmp_path, "bug", "checkpoint.pt"))
+    assert checkpoint["update"] == 2
+    assert os.path.isfile(os.path.join(tmp_path, "bug.nn"))
+
+
+def test_training_evaluations_play_the_same_episodes(
+    tmp_path: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    seeds = []
+    original = trainer_module.evaluate
+
+    def evaluate(*args: object, seed: int = 0, **kwargs: object) -> list[dict[str, float]]:
+        seeds.append(seed)
+        return original(*args, seed=seed, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "evaluate", evaluate)
+    config = small_config(updates=3, eval_interval=1, eval_episodes=2)
+    PPOTrainer(config, "same", torch.device("cpu"), models_dir=str(tmp_path), summaries_dir=str(tmp_path)).run()
+    assert len(seeds) == 3 and len(set(seeds)) == 1, seeds  # one fixed set of episodes: the curve compares like with like
+    assert capsys.readouterr().out.count("evaluating 2 unseen episodes") == 3  # nothing runs silently

@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import small_config
 
+from ppo import clip_gradients
 from trainer import PPOTrainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -29,7 +30,7 @@ def test_gradient_clipping_matches_torch(tmp_path: str, scale: float) -> None:
         for r, p in zip(reference, parameters, strict=True):
             r.grad = p.grad.clone()
         expected_norm = torch.nn.utils.clip_grad_norm_(reference, 0.5)
-        norms, total = trainer._clip_gradients()
+        norms, total = clip_gradients(trainer.model, 0.5)
         torch.testing.assert_close(total, expected_norm)
         for p, r in zip(parameters, reference, strict=True):
             torch.testing.assert_close(p.grad, r.grad)
@@ -47,7 +48,7 @@ def test_rollout_bookkeeping_at_episode_ends(tmp_path: str) -> None:
         for _ in range(2):  # the second rollout starts with the trace carried over the boundary
             trainer.rollout()
             buffer, length = trainer.buffer, config.transformer.memory_length
-            steps, episodes = buffer.trace_steps[:, length:], buffer.trace_episodes[:, length:]
+            steps, episodes = buffer.trace.steps[:, length:], buffer.trace.episodes[:, length:]
             done = buffer.terminated | buffer.truncated
             assert done.any(), "PoC episodes (<= 32 steps) must end inside a 40-step rollout"
             for t in range(1, config.worker_steps):
@@ -56,7 +57,7 @@ def test_rollout_bookkeeping_at_episode_ends(tmp_path: str) -> None:
                 assert torch.equal(steps[:, t], torch.where(ended, 0, steps[:, t - 1] + 1))
                 assert torch.equal(episodes[:, t], episodes[:, t - 1] + ended.long())
             # across the rollout boundary the counter continues from the carried token
-            assert ((steps[:, 0] == 0) | (steps[:, 0] == buffer.trace_steps[:, length - 1] + 1)).all()
+            assert ((steps[:, 0] == 0) | (steps[:, 0] == buffer.trace.steps[:, length - 1] + 1)).all()
             assert (buffer.truncated & buffer.terminated).sum() == 0
             assert (buffer.final_values[~buffer.truncated] == 0).all()
     finally:

@@ -1,0 +1,87 @@
+"""Heads: what the memory's output h (..., D) becomes, a distribution over actions and a value.
+
+Shapes (legend as in buffer.py): A action dimensions (1 for Discrete, len(nvec) for MultiDiscrete).
+
+The policy head is chosen from the action space in ``make_policy_head``; each kind of action space is one class with
+the same small interface: ``head(h)`` gives a distribution with ``sample``, ``log_prob`` and ``entropy``. A Gaussian
+head for Box actions is one more class of that shape.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+from torch.distributions import Categorical
+
+
+def orthogonal(layer: nn.Module, gain: float) -> nn.Module:
+    """Orthogonal weights with ``gain`` and zero bias, as the reference initialises every layer."""
+    nn.init.orthogonal_(layer.weight, gain)
+    if layer.bias is not None:
+        nn.init.zeros_(layer.bias)
+    return layer
+
+
+class MultiCategorical:
+    """Independent categorical distributions, one per action dimension; actions are (..., A) integer tensors."""
+
+    def __init__(self, logits: list[torch.Tensor]) -> None:
+        """``logits``: per action dimension a, (..., n_a)."""
+        self.logits = logits
+        # No argument validation: it checks every logit for NaN on each call, a cost on the rollout's hot path, and
+        # non-finite values are caught where they start (NonFiniteError on the loss and the gradients).
+        self.dists = [Categorical(logits=branch, validate_args=False) for branch in logits]
+
+    def sample(self, deterministic: bool = False, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Actions (..., A): the most likely ones, or sampled (with ``generator``, else torch's global one)."""
+        if deterministic:
+            return torch.stack([branch.argmax(dim=-1) for branch in self.logits], dim=-1)
+        actions = [
+            torch.multinomial(branch.softmax(dim=-1).reshape(-1, branch.shape[-1]), 1, generator=generator).view(
+                branch.shape[:-1]
+            )
+            for branch in self.logits
+        ]
+        return torch.stack(actions, dim=-1)
+
+    def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
+        """Joint log-probability (...) of actions (..., A)."""
+        return sum(dist.log_prob(actions[..., a]) for a, dist in enumerate(self.dists))
+
+    def entropy(self) -> torch.Tensor:
+        """Summed entropy (...) of the action dimensions."""
+        return sum(dist.entropy() for dist in self.dists)
+
+
+class CategoricalPolicy(nn.Module):
+    """Linear(D, hidden) + ReLU, then one linear branch of logits per action dimension (Discrete and MultiDiscrete)."""
+
+    def __init__(self, in_dim: int, hidden: int, action_dims: list[int]) -> None:
+        super().__init__()
+        self.hidden = orthogonal(nn.Linear(in_dim, hidden), np.sqrt(2))
+        self.branches = nn.ModuleList([orthogonal(nn.Linear(hidden, n), 0.01) for n in action_dims])
+
+    def forward(self, h: torch.Tensor) -> MultiCategorical:
+        """The action distribution for features ``h`` (..., D)."""
+        x = torch.relu(self.hidden(h))
+        return MultiCategorical([branch(x) for branch in self.branches])
+
+
+class ValueHead(nn.Module):
+    """Linear(D, hidden) + ReLU + Linear(hidden, 1): the state value (...) of features (..., D)."""
+
+    def __init__(self, in_dim: int, hidden: int) -> None:
+        super().__init__()
+        self.hidden = orthogonal(nn.Linear(in_dim, hidden), np.sqrt(2))
+        self.out = orthogonal(nn.Linear(hidden, 1), 1.0)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.hidden(h))).squeeze(-1)
+
+
+def make_policy_head(action_dims: list[int], in_dim: int, hidden: int) -> nn.Module:
+    """The policy head for an action space given as its per-dimension action counts (Discrete: [n])."""
+    if not action_dims or any(n < 1 for n in action_dims):
+        raise ValueError(f"action_dims = {action_dims!r}: a Discrete or MultiDiscrete space needs counts >= 1")
+    return CategoricalPolicy(in_dim, hidden, action_dims)

@@ -1,0 +1,100 @@
+"""Collecting a rollout: policy step, environment step, outcome recording, bootstrap values, then GAE.
+
+Shapes follow the legend in buffer.py. Each step of the rollout is
+
+    policy step      the model acts on the current observations with each worker's memory; the step is stored
+    environment      every worker steps its environment (same-step autoreset, worker.py)
+    outcome          rewards and episode ends are stored; truncated episodes get the value of their final observation;
+                     the memory starts new episodes where episodes ended
+
+and after T steps the value of the next observation closes the advantage recursion.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from buffer import Buffer
+from memory import MemoryState
+from model import ActorCriticModel
+from worker import StepResult, Workers
+
+
+class RolloutStats(NamedTuple):
+    """Finished episodes of one rollout: metric name -> values."""
+
+    episodes: dict[str, list[float]]
+
+
+class RolloutCollector:
+    """Steps N workers for T steps with the model and their memory, into the buffer.
+
+    Attributes:
+        obs: (N, *obs_shape) current observations, as ``model.prepare`` makes them.
+        state: each worker's memory (``Memory.start``), carried from rollout to rollout.
+    """
+
+    def __init__(
+        self, model: ActorCriticModel, workers: Workers, buffer: Buffer, gamma: float, lamda: float, device: torch.device
+    ) -> None:
+        self.model = model
+        self.workers = workers
+        self.buffer = buffer
+        self.gamma, self.lamda = gamma, lamda
+        self.device = device
+        self.n_workers, self.worker_steps = buffer.n_workers, buffer.worker_steps
+        self.state: MemoryState = model.memory.start(self.n_workers, device)
+        self.obs: torch.Tensor | None = None
+
+    def start(self, obs: np.ndarray) -> None:
+        """Take the workers' current observations (N, *obs_shape), after their reset or restore."""
+        self.obs = self.model.prepare(obs)
+
+    @torch.no_grad()
+    def collect(self) -> RolloutStats:
+        """Collect T steps from every worker into the buffer, then compute advantages."""
+        self.model.eval()
+        self.buffer.start_rollout()
+        self.model.memory.sync(self.state)
+        episodes: dict[str, list[float]] = defaultdict(list)
+        for t in range(self.worker_steps):
+            actions = self.policy_step(t)
+            result = self.workers.step(actions.cpu().numpy())
+            self.record_outcome(t, result)
+            for episode in result.episodes:
+                for key, value in episode.items():
+                    episodes[key].append(float(value))
+        # The bootstrap value uses exactly the memory the next rollout step will use.
+        self.buffer.compute_advantages(self.values(self.obs), self.gamma, self.lamda)
+        return RolloutStats(dict(episodes))
+
+    def policy_step(self, t: int) -> torch.Tensor:
+        """Act on the current observations with the memory; store step t and remember it. Returns actions (N, A)."""
+        out = self.model.step(self.obs, self.state)
+        actions = out.policy.sample()
+        self.buffer.record_step(t, self.obs, actions, out.policy.log_prob(actions), out.value, out.record)
+        self.model.memory.commit(self.state, out.record)
+        return actions
+
+    def record_outcome(self, t: int, result: StepResult) -> None:
+        """Store the environments' answer to step t and start new episodes in the memory where episodes ended."""
+        terminated = torch.as_tensor(result.terminated, device=self.device)
+        truncated = torch.as_tensor(result.truncated, device=self.device)
+        final_values = torch.zeros(self.n_workers, device=self.device)
+        if truncated.any():
+            # A time limit is no terminal state: bootstrap from the final observation with its own episode's memory.
+            index = truncated.nonzero().squeeze(1)
+            final_obs = self.model.prepare(np.stack([result.final_obs[i] for i in index.tolist()]))
+            final_values[index] = self.values(final_obs, index)
+        rewards = torch.as_tensor(result.rewards, dtype=torch.float32, device=self.device)
+        self.buffer.record_outcome(t, rewards, terminated, truncated, final_values)
+        self.state.end_episodes(terminated | truncated)
+        self.obs = self.model.prepare(result.obs)
+
+    def values(self, obs: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
+        """Values (n,) of observations (n, *obs_shape) at the current step of workers ``index`` (all), with their memory."""
+        return self.model.step(obs, self.state, index).value

@@ -1,0 +1,67 @@
+"""What a run reports: TensorBoard summaries (x-axis: environment steps) and one console line per update."""
+
+from __future__ import annotations
+
+import yaml
+from torch.utils.tensorboard import SummaryWriter
+
+# stats key -> TensorBoard tag
+LOSSES = {
+    "policy_loss": "losses/policy",
+    "value_loss": "losses/value",
+    "entropy": "losses/entropy",
+    "total_loss": "losses/total",
+}
+TRAINING = ("approx_kl", "clip_fraction", "explained_variance", "learning_rate", "entropy_coefficient", "clip_range")
+
+
+class Summaries:
+    """TensorBoard summaries of one run in ``summary_dir``."""
+
+    def __init__(self, summary_dir: str) -> None:
+        self.summary_dir = summary_dir
+        self.writer = SummaryWriter(summary_dir)
+
+    def write_config(self, config: dict, command: str) -> None:
+        """The config (as YAML) and the command line, under TensorBoard's Text tab."""
+        text = yaml.safe_dump(config, sort_keys=False)
+        self.writer.add_text("config", "    " + text.replace("\n", "\n    "), 0)  # indented: shown as code
+        self.writer.add_text("command", f"    {command}", 0)
+
+    def update(self, env_steps: int, episode_means: dict[str, float], stats: dict[str, float], sps: float) -> None:
+        """Summaries of one update: episode means (metric -> mean over the episodes that ended), losses, diagnostics."""
+        for key, value in episode_means.items():
+            self.writer.add_scalar(f"episode/{key}_mean", value, env_steps)
+        for key, tag in LOSSES.items():
+            self.writer.add_scalar(tag, stats[key], env_steps)
+        for key in TRAINING:
+            self.writer.add_scalar(f"training/{key}", stats[key], env_steps)
+        self.writer.add_scalar("training/sps", sps, env_steps)
+        for key, value in stats.items():
+            if key.startswith("grad_norm/"):
+                self.writer.add_scalar(key, value, env_steps)
+
+    def evaluation(self, env_steps: int, means: dict[str, float]) -> None:
+        """Means of an evaluation on unseen episodes, under ``evaluation/``."""
+        for key, value in means.items():
+            self.writer.add_scalar(f"evaluation/{key}_mean", value, env_steps)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def console_line(
+    update: int, updates: int, env_steps: int, sps: float, episode_means: dict[str, float], stats: dict[str, float]
+) -> str:
+    """The console line of update ``update`` (1-based) of ``updates``."""
+    line = f"update {update:4d}/{updates}  steps {env_steps:9d}  sps {sps:6.0f}"
+    if episode_means:
+        line += f"  reward {episode_means['reward']:7.3f}  length {episode_means['length']:6.1f}"
+        if "success" in episode_means:
+            line += f"  success {episode_means['success']:.2f}"
+    else:
+        line += "  (no episode ended)"
+    return line + (
+        f"  pi {stats['policy_loss']:7.4f}  v {stats['value_loss']:7.4f}  entropy {stats['entropy']:.3f}"
+        f"  kl {stats['approx_kl']:.4f}"
+    )

@@ -1,0 +1,366 @@
+"""The episodic TrXL/GTrXL memory: where its tokens live, which of them each step sees, and the three ways to run it.
+
+Shapes (legend as in buffer.py): N workers, T rollout steps, L memory length, K blocks, D embed dim, H heads,
+d head width, B chunks, C steps per chunk, S = C + L - 1 slots of a chunk.
+
+A memory token of a step is the K block inputs of that step, (K, D). At episode step t a step attends to the L most
+recent tokens of its episode, steps [max(0, t - L), t). ``EpisodicLayout`` is the one place that knows where those
+tokens live:
+
+Rollouts and evaluation keep, per worker, a ring of the last L tokens: step s lives in ring slot s % L. At episode
+step t the visible steps are the first t slots while t < L, and all L slots once t >= L, so the mask needs nothing
+but t. Attention does not care about slot order: each token carries its position through the positional encoding
+of its own episode step.
+
+Training keeps, per worker, a trace: the L tokens carried in from before this rollout, then the T tokens written
+during it, (N, L + T, K, D). Step t's own token sits in slot L + t, so the window of step t is the L slots just
+before it, [t, t + L), and ``trace.unfold(1, L, 1)[:, t]`` is that window as a view. Slots of another episode (or the
+initial padding, episode id -1) are masked. L = 4, an episode starting at slot 4, slots 0-3 holding the previous one:
+
+    episode step t   window = trace slots   visible (same episode, before t)
+    0                0 1 2 3                - - - -
+    1                1 2 3 4                - - - x
+    2                2 3 4 5                - - x x
+    3                3 4 5 6                - x x x
+    4                4 5 6 7                x x x x
+    5                5 6 7 8                x x x x   (steps 1..4)
+
+A chunk of C consecutive steps j C .. j C + C - 1 uses the S = C + L - 1 trace slots [j C, j C + S): L carried-in
+slots, then the tokens of the chunk's steps 0 .. C - 2; query q's window is the band [q, q + L) (``band_mask``).
+
+Three paths, equal in their numbers (tests/test_equivalence.py):
+- fast: rollouts cache every token's keys and values when it is written (a step costs O(D^2 + L D)); training
+  projects each of a chunk's S slots once and lets the C queries attend to their bands in one call;
+- plain, the executable specification: every step projects its own window, O(L D^2);
+- fast with ``memory_gradients``: training recomputes the slots of the chunk's own steps in the same pass, with
+  gradient, as Transformer-XL trains on segments.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from config import TransformerConfig
+from memory import Memory, MemoryOutput, MemoryState, MemoryTrace
+from transformer import Transformer
+
+
+def band_mask(key_episodes: torch.Tensor, query_episodes: torch.Tensor, memory_length: int) -> torch.Tensor:
+    """Which memory slots each query of a sequence chunk may attend to.
+
+    A chunk of C consecutive steps of one worker uses the S = C + L - 1 trace slots that start L slots before its
+    first step; query q (the chunk's q-th step) owns the window of slots [q, q + L) and sees the slots of that
+    window that belong to its own episode (query q's own token is slot L + q, the window is the L slots before it).
+    Example, L = 3, C = 4, an episode (id 7) starting at the chunk's step 1:
+
+        slot        0  1  2  3  4  5         key episodes   6  6  6  6  7  7
+        query 0     x  x  x  .  .  .         (episode 6: its 3 previous steps)
+        query 1     .  -  -  -  .  .         (episode 7, step 0: nothing)
+        query 2     .  .  -  -  x  .         (step 1)
+        query 3     .  .  .  -  x  x         (step 2)
+
+    Args:
+        key_episodes: (B, S) episode id of each memory slot (-1 for padding, which nothing sees).
+        query_episodes: (B, C) episode id of each query step.
+        memory_length: L.
+
+    Returns:
+        (B, C, S) boolean mask.
+    """
+    c, s = query_episodes.shape[1], key_episodes.shape[1]
+    query = torch.arange(c, device=key_episodes.device).unsqueeze(1)
+    slot = torch.arange(s, device=key_episodes.device).unsqueeze(0)
+    band = (slot >= query) & (slot < query + memory_length)  # (C, S)
+    return band & (key_episodes.unsqueeze(1) == query_episodes.unsqueeze(2))
+
+
+def ring_mask(episode_steps: torch.Tensor, memory_length: int) -> torch.Tensor:
+    """(N, L) visible ring slots of workers at episode steps ``episode_steps`` (N,); see the module docstring."""
+    return torch.arange(memory_length, device=episode_steps.device) < episode_steps.clamp(max=memory_length).unsqueeze(1)
+
+
+class EpisodicLayout:
+    """The slot conventions of the ring (rollouts) and the trace (training), in one place; see the module docstring."""
+
+    def __init__(self, memory_length: int) -> None:
+        self.length = memory_length
+
+    def ring_slot(self, episode_steps: torch.Tensor) -> torch.Tensor:
+        """Ring slot (N,) of the token of episode step ``episode_steps`` (N,)."""
+        return episode_steps % self.length
+
+    def ring_mask(self, episode_steps: torch.Tensor) -> torch.Tensor:
+        """(N, L) ring slots visible at episode steps (N,)."""
+        return ring_mask(episode_steps, self.length)
+
+    def ring_span(self, episode_steps: torch.Tensor) -> int:
+        """How many leading ring slots can be visible to any of the workers: slot j holds step j until the ring wraps."""
+        return max(1, min(self.length, int(episode_steps.max())))
+
+    def ring_order(self, episode_step: int) -> np.ndarray:
+        """Ring slots of the visible steps of one worker at ``episode_step``, oldest first."""
+        visible = min(episode_step, self.length)
+        return np.arange(episode_step - visible, episode_step) % self.length
+
+    def trace_slot(self, t: int) -> int:
+        """Trace slot of rollout step t's own token: after the L carried-in slots."""
+        return self.length + t
+
+    def windows(self, field: torch.Tensor) -> torch.Tensor:
+        """Every step's window of a trace field (N, L + T, ...) as a view (N, T + 1, ..., L); index T is the window of
+        the step after the rollout."""
+        return field.unfold(1, self.length, 1)
+
+    def chunk_span(self, chunk_length: int) -> int:
+        """S = C + L - 1: the trace slots that the windows of C consecutive steps cover."""
+        return chunk_length + self.length - 1
+
+    def chunk_slots(self, field: torch.Tensor, chunk_length: int) -> torch.Tensor:
+        """(N, T / C, ..., S) view of a trace field (N, L + T, ...): chunk j covers slots [j C, j C + S)."""
+        return field.unfold(1, self.chunk_span(chunk_length), chunk_length)
+
+    def band_mask(self, key_episodes: torch.Tensor, query_episodes: torch.Tensor) -> torch.Tensor:
+        """(B, C, S) mask of a chunk's queries over its slots; see ``band_mask``."""
+        return band_mask(key_episodes, query_episodes, self.length)
+
+    def chunk_windows(self, slots: torch.Tensor) -> torch.Tensor:
+        """(B, C, ..., L) view of every query's window from a chunk's slots (B, S, ...)."""
+        return slots.unfold(1, self.length, 1)
+
+    def carried(self) -> int:
+        """Leading slots of a chunk carried in from before it; the rest hold the chunk's own steps 0 .. C - 2."""
+        return self.length
+
+
+class TrXLRecord(NamedTuple):
+    """What the trace keeps of n steps."""
+
+    tokens: torch.Tensor  # (n, K, D) block inputs
+    steps: torch.Tensor  # (n,) episode step
+    episodes: torch.Tensor  # (n,) episode id (unique per worker)
+
+
+class TrXLContext(NamedTuple):
+    """The memory of B chunks of C steps: their S = C + L - 1 trace slots."""
+
+    memory: torch.Tensor  # (B, S, K, D) memory tokens, no gradient
+    steps: torch.Tensor  # (B, S) episode step of each slot
+    mask: torch.Tensor  # (B, C, S) which slots each step sees (band_mask)
+    windows_visible: torch.Tensor  # (B, C, L) the same per step window (for the plain path)
+
+
+class TrXLState(MemoryState):
+    """Per-worker rings of the last L memory tokens, with the fast path's K/V cache.
+
+    Attributes:
+        tokens: (N, L, K, D) raw memory tokens in the memory dtype, ring slot = episode step % L.
+        token_steps: (N, L) episode step of each ring slot.
+        episode_steps: (N,) episode step of each worker's current step.
+        episode_ids: (N,) running episode counter of each worker (unique per worker).
+        keys_values: per block (N, H, L, d) cached keys and values (fast path), None until computed.
+    """
+
+    def __init__(self, n_workers: int, config: TransformerConfig, dtype: torch.dtype, device: torch.device) -> None:
+        length, k, d = config.memory_length, config.num_blocks, config.embed_dim
+        self.tokens = torch.zeros(n_workers, length, k, d, dtype=dtype, device=device)
+        self.token_steps = torch.zeros(n_workers, length, dtype=torch.long, device=device)
+        self.episode_steps = torch.zeros(n_workers, dtype=torch.long, device=device)
+        self.episode_ids = torch.zeros(n_workers, dtype=torch.long, device=device)
+        self.keys_values: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def end_episodes(self, done: torch.Tensor) -> None:
+        self.episode_steps[done] = 0
+        self.episode_ids[done] += 1
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        names = ("tokens", "token_steps", "episode_steps", "episode_ids")
+        return {name: getattr(self, name).cpu().clone() for name in names}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        for name, value in state.items():
+            getattr(self, name).copy_(value)
+        self.keys_values = None  # re-projected with the current weights on first use
+
+
+class TrXLTrace(MemoryTrace):
+    """Each worker's trace (module docstring): ``trace`` (N, L + T, K, D), ``steps`` and ``episodes`` (N, L + T)."""
+
+    def __init__(
+        self, layout: EpisodicLayout, n_workers: int, worker_steps: int, config: TransformerConfig, dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:  # fmt: skip
+        self.layout = layout
+        slots = layout.length + worker_steps
+        self.trace = torch.zeros(n_workers, slots, config.num_blocks, config.embed_dim, dtype=dtype, device=device)
+        self.steps = torch.zeros(n_workers, slots, dtype=torch.long, device=device)
+        self.episodes = torch.full((n_workers, slots), -1, dtype=torch.long, device=device)
+
+    def _fields(self) -> dict[str, torch.Tensor]:
+        return {"tokens": self.trace, "steps": self.steps, "episodes": self.episodes}
+
+    def start_rollout(self) -> None:
+        """Carry the last L slots of the previous rollout to the front."""
+        length = self.layout.length
+        for field in self._fields().values():
+            field[:, :length] = field[:, -length:].clone()
+
+    def record(self, t: int, record: TrXLRecord) -> None:
+        slot = self.layout.trace_slot(t)
+        self.trace[:, slot] = record.tokens.to(self.trace.dtype)
+        self.steps[:, slot] = record.steps
+        self.episodes[:, slot] = record.episodes
+
+    def windows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Views of every step's window: memory (N, T + 1, K, D, L), steps and episodes (N, T + 1, L)."""
+        return self.layout.windows(self.trace), self.layout.windows(self.steps), self.layout.windows(self.episodes)
+
+    def chunks(self, workers: torch.Tensor, chunks: torch.Tensor, length: int) -> TrXLContext:
+        layout = self.layout
+        memory = layout.chunk_slots(self.trace, length)[workers, chunks]  # (B, K, D, S)
+        keys = layout.chunk_slots(self.episodes, length)[workers, chunks]  # (B, S)
+        n_chunks = (self.trace.shape[1] - layout.length) // length
+        queries = self.episodes[:, layout.carried() :].reshape(len(self.episodes), n_chunks, length)[workers, chunks]
+        return TrXLContext(
+            memory=memory.permute(0, 3, 1, 2),  # (B, S, K, D)
+            steps=layout.chunk_slots(self.steps, length)[workers, chunks],
+            mask=layout.band_mask(keys, queries),
+            windows_visible=layout.chunk_windows(keys) == queries.unsqueeze(2),  # (B, C, L)
+        )
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        length = self.layout.length
+        return {name: field[:, -length:].cpu().clone() for name, field in self._fields().items()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        length = self.layout.length
+        for name, field in self._fields().items():
+            field[:, -length:] = state[name].to(field.device)
+
+
+class TrXLMemory(Memory):
+    """The episodic Transformer-XL memory (GTrXL with ``gtrxl``), on the fast or the plain path."""
+
+    def __init__(self, config: TransformerConfig, memory_dtype: torch.dtype = torch.float32, path: str = "fast") -> None:
+        super().__init__()
+        if path not in ("fast", "plain"):
+            raise ValueError(f"memory path '{path}' is unknown: use fast or plain")
+        if config.memory_gradients and path != "fast":
+            raise ValueError("'transformer.memory_gradients' is true, which only the fast memory path implements")
+        self.config = config
+        self.memory_dtype = memory_dtype
+        self.path = path
+        self.layout = EpisodicLayout(config.memory_length)
+        self.transformer = Transformer(config)
+
+    def start(self, n_workers: int, device: torch.device) -> TrXLState:
+        return TrXLState(n_workers, self.config, self.memory_dtype, device)
+
+    @torch.no_grad()
+    def sync(self, state: TrXLState) -> None:
+        """Re-project the cached keys and values with the current weights (fast path)."""
+        if self.path == "fast":
+            state.keys_values = self.transformer.project_memory(state.tokens, state.token_steps)
+
+    def step(
+        self, h: torch.Tensor, state: TrXLState, index: torch.Tensor | None = None, return_attention: bool = False
+    ) -> MemoryOutput:
+        """Plain path: the whole window is projected, as the specification says. Fast path: only the first
+        S = ``ring_span`` ring slots can be visible, so only their cached keys and values are passed on: attention
+        reads as much memory as the episodes have, not L slots."""
+        rows = slice(None) if index is None else index
+        steps = state.episode_steps[rows]
+        mask = self.layout.ring_mask(steps).unsqueeze(1)  # (n, 1, L)
+        if self.path == "plain":
+            keys_values = self.transformer.project_memory(state.tokens[rows], state.token_steps[rows])
+        else:
+            if state.keys_values is None:
+                self.sync(state)
+            span = self.layout.ring_span(steps)
+            keys_values = [(k[rows, :, :span], v[rows, :, :span]) for k, v in state.keys_values]
+            mask = mask[..., :span]
+        out, tokens, weights = self.transformer(h.unsqueeze(1), keys_values, mask, return_attention)
+        return MemoryOutput(out[:, 0], TrXLRecord(tokens[:, 0], steps, state.episode_ids[rows]), weights)
+
+    @torch.no_grad()
+    def commit(self, state: TrXLState, record: TrXLRecord) -> None:
+        """Write every worker's token into its ring slot (and its keys and values into the cache), advance the step."""
+        rows = torch.arange(record.tokens.shape[0], device=record.tokens.device)
+        slots = self.layout.ring_slot(state.episode_steps)
+        stored = record.tokens.to(self.memory_dtype)
+        state.tokens[rows, slots] = stored
+        state.token_steps[rows, slots] = state.episode_steps
+        if self.path == "fast":
+            if state.keys_values is None:
+                self.sync(state)
+            new = self.transformer.project_memory(stored.unsqueeze(1), state.episode_steps.unsqueeze(1))  # (N, H, 1, d)
+            for (k, v), (new_k, new_v) in zip(state.keys_values, new, strict=True):
+                k[rows, :, slots] = new_k[:, :, 0]
+                v[rows, :, slots] = new_v[:, :, 0]
+        state.episode_steps += 1
+
+    def trace(self, n_workers: int, worker_steps: int, device: torch.device) -> TrXLTrace:
+        return TrXLTrace(self.layout, n_workers, worker_steps, self.config, self.memory_dtype, device)
+
+    def forward_chunks(self, h: torch.Tensor, context: TrXLContext) -> MemoryOutput:
+        """Fast: each of a chunk's S slots is projected once and the C queries attend to their bands in one call.
+        Plain: every step's window is cut out and projected on its own. With ``memory_gradients``: see
+        ``_chunk_source``."""
+        if self.config.memory_gradients:
+            out, tokens, _ = self.transformer(h, self._chunk_source(context), context.mask)
+        elif self.path == "fast":
+            out, tokens, _ = self.transformer(h, self.transformer.project_memory(context.memory, context.steps), context.mask)
+        else:
+            b, c = h.shape[:2]
+            length = self.layout.length
+            windows = self.layout.chunk_windows(context.memory)  # (B, C, K, D, L)
+            windows = windows.permute(0, 1, 4, 2, 3).reshape(b * c, length, *windows.shape[2:4])  # (B C, L, K, D)
+            steps = self.layout.chunk_windows(context.steps).reshape(b * c, length)  # (B C, L)
+            visible = context.windows_visible.reshape(b * c, length)  # (B C, L)
+            out = self.forward_windows(h.reshape(b * c, -1), windows, steps, visible)
+            return MemoryOutput(out.features.view(b, c, -1), out.record.view(b, c, *out.record.shape[1:]), None)
+        return MemoryOutput(out, tokens, None)
+
+    def _chunk_source(self, context: TrXLContext):
+        """Keys and values with gradients into the memory of the chunk's own steps (``transformer.memory_gradients``).
+
+        Attending to tokens made by the rollout, the observation encoder never learns from a step being useful
+        *later*, only from its use at its own step. Here, as in Transformer-XL's training on segments, block i's slots
+        of the chunk's own steps hold block i's inputs of this very pass, so the loss of a later step reaches the
+        earlier steps' observations; the L slots carried in from before the chunk stay the rollout's. The recomputed
+        tokens are rounded to the memory dtype as the rollout stored them, so with the rollout's parameters both give
+        the same outputs; they differ once the parameters move.
+        """
+        carried = self.layout.carried()
+        stale = context.memory[:, :carried].float()  # (B, L, K, D)
+        positions = self.transformer.position_encoding(context.steps)  # (B, S, K, D) or None
+
+        def source(i: int, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            own = h[:, :-1]  # (B, C - 1, D) block i's inputs of the chunk's steps 0 .. C - 2
+            if self.memory_dtype != torch.float32:
+                own = own.to(self.memory_dtype).float()
+            slots = torch.cat([stale[:, :, i], own], dim=1)  # (B, S, D)
+            return self.transformer.project_block(i, slots, None if positions is None else positions[:, :, i])
+
+        return source
+
+    def forward_windows(
+        self, h: torch.Tensor, memory: torch.Tensor, steps: torch.Tensor, visible: torch.Tensor, return_attention: bool = False
+    ) -> MemoryOutput:
+        """The plain path, the executable specification: each step projects its own memory window.
+
+        Args:
+            h: (B, D) one embedded observation per row.
+            memory: (B, L, K, D) the row's memory window.
+            steps: (B, L) episode step of each window slot.
+            visible: (B, L) True for the slots of the same episode before this step.
+        """
+        keys_values = self.transformer.project_memory(memory, steps)
+        out, tokens, weights = self.transformer(h.unsqueeze(1), keys_values, visible.unsqueeze(1), return_attention)
+        return MemoryOutput(out[:, 0], tokens[:, 0], weights)
+
+    def attention_over_steps(self, state: TrXLState, attention: list[torch.Tensor], row: int = 0) -> list[np.ndarray]:
+        slots = self.layout.ring_order(int(state.episode_steps[row]))
+        return [w[row, :, 0, slots].cpu().numpy() for w in attention]
