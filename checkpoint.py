@@ -62,12 +62,16 @@ def save_model(model: ActorCriticModel, config: Config, path: str) -> None:
 def load_file(path: str) -> dict:
     """Load a model or checkpoint file, with a clear error for a missing or foreign file."""
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"model file '{path}' does not exist: pass a file written by train.py, e.g. models/run.nn")
+        raise FileNotFoundError(
+            f"'{path}' does not exist: pass a file written by train.py, models/<run-id>.nn (a model) or "
+            "models/<run-id>/checkpoint.pt (a checkpoint)"
+        )
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # torch raises many types for foreign files
+    except Exception:  # torch raises many types for foreign files; their texts are about torch's internals
         raise ValueError(
-            f"'{path}' is not a model or checkpoint written by train.py ({type(error).__name__}: {error})"
+            f"'{path}' is not a model or checkpoint written by train.py: pass models/<run-id>.nn (a model) or "
+            "models/<run-id>/checkpoint.pt (a checkpoint)"
         ) from None
     if not isinstance(payload, dict) or "model" not in payload or "config" not in payload:
         raise ValueError(f"'{path}' is not a model or checkpoint written by train.py (no model weights and config inside)")

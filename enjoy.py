@@ -10,7 +10,7 @@ Options:
   --seed=<n>          Evaluation seed (a stream disjoint from training seeds) [default: 0].
   --no-render         Do not open a window.
   --deterministic     Take the most likely action instead of sampling.
-  --record=<file>     Write the frames to a GIF (or .mp4 if imageio can) without a display.
+  --record=<file>     Write the frames to a GIF (or .mp4 with imageio-ffmpeg installed) without a display.
   --attention         Draw each block's attention over the memory window next to the frames (with --record).
   --json              Print the summary as one JSON object on the last line.
   --cpu               Use the CPU even where CUDA is available.
@@ -25,10 +25,13 @@ import sys
 
 import numpy as np
 import torch
-from docopt import docopt
 
 from checkpoint import load_model
+from cli import ROOT, no_display_reason, parse_args, shipped_path
 from evaluation import evaluate, format_summary, summarize
+
+DEFAULT_MODEL = "models/run.nn"  # the --model default of the usage text: train.py's default --run-id
+VIDEO_EXTENSIONS = (".mp4", ".mkv", ".mov", ".avi", ".webm")  # what imageio writes through its ffmpeg plugin
 
 
 def heat_row(weights: np.ndarray, width: int, slots: int, height: int) -> np.ndarray:
@@ -53,8 +56,26 @@ def attention_panel(frame: np.ndarray, attention: list[np.ndarray], memory_lengt
     return np.concatenate(strips, axis=0)
 
 
+def check_record_path(path: str) -> None:
+    """Raise ValueError now, before any episode runs, where ``path`` cannot be written: a GIF always can, a video only
+    where imageio's ffmpeg plugin finds an ffmpeg (the imageio-ffmpeg package)."""
+    extension = os.path.splitext(path)[1].lower()
+    if extension == ".gif":
+        return
+    if extension not in VIDEO_EXTENSIONS:
+        raise ValueError(f"--record '{path}': record to a .gif file (or {', '.join(VIDEO_EXTENSIONS)} with imageio-ffmpeg)")
+    try:
+        import imageio_ffmpeg
+
+        imageio_ffmpeg.get_ffmpeg_exe()
+    except (ImportError, RuntimeError):
+        raise ValueError(
+            f"--record '{path}' needs ffmpeg, which imageio cannot find: pip install imageio-ffmpeg, or record a .gif"
+        ) from None
+
+
 def write_video(frames: list[np.ndarray], path: str, fps: int = 8) -> None:
-    """Write frames (each (H, W, 3) uint8, same size) to a GIF or video file."""
+    """Write frames (each (H, W, 3) uint8, same size) to a GIF or video file (``check_record_path`` first)."""
     import imageio.v2 as imageio
 
     folder = os.path.dirname(os.path.abspath(path))
@@ -65,11 +86,39 @@ def write_video(frames: list[np.ndarray], path: str, fps: int = 8) -> None:
     try:
         imageio.mimsave(path, frames, fps=fps)
     except (ImportError, ValueError, RuntimeError) as error:
-        raise ValueError(f"cannot write '{path}' ({error}): use a .gif file, or pip install imageio-ffmpeg for .mp4") from None
+        raise ValueError(f"cannot write '{path}': {str(error).splitlines()[0]}") from None
 
 
-def main() -> int:
-    args = docopt(__doc__)
+def existing_models() -> list[str]:
+    """The model files in models/ of the current folder and of the repository root, as paths enjoy.py takes."""
+    found = []
+    for folder in ("models", os.path.join(ROOT, "models")):
+        if os.path.isdir(folder):
+            for name in sorted(os.listdir(folder)):
+                path = os.path.join(folder, name)
+                if name.endswith(".nn") and os.path.isfile(path) and os.path.abspath(path) not in map(os.path.abspath, found):
+                    found.append(path)
+    return found
+
+
+def missing_model_message(path: str) -> str:
+    """Say that the model file ``path`` does not exist, and which ones do (or how to train one)."""
+    message = f"error: model file '{path}' does not exist"
+    if path == DEFAULT_MODEL:
+        message += " (the default --model: what python train.py writes with the default --run-id run)"
+    models = existing_models()
+    if models:
+        shown = ", ".join(models[:10]) + (f" and {len(models) - 10} more" if len(models) > 10 else "")
+        return f"{message}. Models found: {shown}; pass one with --model={models[0]}"
+    return (
+        f"{message}, and models/ holds no *.nn file. Train one first: make train (writes models/poc.nn), "
+        "or python train.py --run-id=<id> (writes models/<id>.nn)"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run enjoy.py with the command-line arguments ``argv`` (default: sys.argv[1:]); returns the exit code."""
+    args = parse_args(__doc__, argv)
     try:
         episodes, seed = int(args["--episodes"]), int(args["--seed"])
     except ValueError:
@@ -81,15 +130,34 @@ def main() -> int:
     if args["--attention"] and not args["--record"]:
         print("error: --attention draws into recorded frames: add --record=out.gif", file=sys.stderr)
         return 2
+    model_path = shipped_path(args["--model"])
+    if model_path != args["--model"]:
+        print(f"note: '{args['--model']}' is not in this folder; using {model_path}", file=sys.stderr)
+    if not os.path.exists(model_path):
+        print(missing_model_message(model_path), file=sys.stderr)
+        return 2
     device = torch.device("cuda" if torch.cuda.is_available() and not args["--cpu"] else "cpu")
     try:
-        model, config = load_model(args["--model"], device)
+        model, config = load_model(model_path, device)
     except (FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-
     record = args["--record"]
     render_mode = "rgb_array" if record else (None if args["--no-render"] else "human")
+    if record:
+        try:
+            check_record_path(record)
+        except ValueError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+    no_display = no_display_reason() if render_mode == "human" else None
+    if no_display:
+        print(
+            f"error: no display to open a window on ({no_display}): use --record=<file.gif> to write the frames to "
+            "a file, or --no-render to only evaluate",
+            file=sys.stderr,
+        )
+        return 2
     frames: list[np.ndarray] = []
 
     def on_step(env: object, step: int, attention: list[np.ndarray] | None) -> None:
@@ -119,7 +187,7 @@ def main() -> int:
             return 2
         print(f"wrote {len(frames)} frames to {record}")
     if args["--json"]:
-        print(json.dumps({"model": args["--model"], "episodes": episodes, "seed": seed, "summary": summary}))
+        print(json.dumps({"model": model_path, "episodes": episodes, "seed": seed, "summary": summary}))
     return 0
 
 

@@ -5,12 +5,14 @@ Usage:
   train.py (-h | --help)
 
 Options:
-  --config=<path>       YAML config [default: configs/poc_memory_env.yaml].
+  --config=<path>       YAML config (default: configs/poc_memory_env.yaml); not with --resume.
   --run-id=<id>         Name of the run: summaries/<id>/<time>/, models/<id>.nn, models/<id>/checkpoint.pt [default: run].
   --resume=<path>       Continue the run saved in this checkpoint (its config, run id and seed; --set still applies).
+  --overwrite           Start a new run even where models/<id>.nn or models/<id>/checkpoint.pt exists, replacing them.
   --cpu                 Use the CPU even where CUDA is available.
   --seed=<n>            Seed of the model, the sampling and the environments [default: 0].
-  --memory-path=<path>  "fast" (K/V cache and banded attention) or "plain" (per-window specification) [default: fast].
+  --memory-path=<path>  "fast" (K/V cache and banded attention) or "plain" (per-window specification); default fast,
+                        or the checkpoint's on resume.
   --set=<key=value>     Override a config key, e.g. --set updates=10 --set transformer.memory_length=16 (YAML values).
   -h --help             Show this help.
 """
@@ -23,14 +25,31 @@ import sys
 import tempfile
 
 import torch
-from docopt import docopt
 
 from checkpoint import load_file
+from cli import ROOT, parse_args, shipped_path
 from config import ConfigError, apply_overrides, load_config, parse_overrides, validate_config
 from trainer import PPOTrainer, TrainingStopped, check_memory_path
 from worker import WorkerError
 
 MIN_FREE_MB = 100  # refuse to start with less free disk space than this for models and summaries
+DEFAULT_CONFIG = "configs/poc_memory_env.yaml"
+MODELS_DIR, SUMMARIES_DIR = "models", "summaries"  # relative to the current folder, as PPOTrainer's defaults
+# Config keys that the saved model, optimizer, memory or environment state depend on: a resumed run cannot change them.
+# (worker_steps may change: the checkpoint holds only the last memory_length steps of the trace, which any T carries.)
+SHAPE_KEYS = (
+    "transformer.num_blocks",
+    "transformer.embed_dim",
+    "transformer.num_heads",
+    "transformer.memory_length",
+    "transformer.positional_encoding",
+    "transformer.layer_norm",
+    "transformer.gtrxl",
+    "hidden_layer_size",
+    "n_workers",
+    "memory_dtype",
+    "environment",
+)
 
 
 def check_writable(folder: str) -> None:
@@ -46,26 +65,131 @@ def check_writable(folder: str) -> None:
         raise OSError(f"only {free_mb:.0f} MB free for '{folder}/' (at least {MIN_FREE_MB} MB needed): free some disk space")
 
 
-def main() -> int:
-    args = docopt(__doc__)
+def check_new_run(run_id: str) -> None:
+    """Refuse to start a new run over the files of an earlier run with the same id (ValueError naming the ways on)."""
+    checkpoint_path = os.path.join(MODELS_DIR, run_id, "checkpoint.pt")
+    found = [path for path in (os.path.join(MODELS_DIR, f"{run_id}.nn"), checkpoint_path) if os.path.exists(path)]
+    if found:
+        raise ValueError(
+            f"run '{run_id}' exists already ({' and '.join(found)}): continue it with --resume={checkpoint_path}, "
+            f"start it over with --overwrite (replaces its files), or choose another --run-id"
+        )
+
+
+def config_path(path: str | None) -> str:
+    """The config file to read: ``path`` (default DEFAULT_CONFIG), a shipped configs/... path found from any folder."""
+    path = shipped_path(path or DEFAULT_CONFIG)
+    if not os.path.isfile(path) and not os.path.isabs(path):
+        raise ConfigError(
+            f"config file '{path}' does not exist in {os.getcwd()}: relative paths are read from the current folder; "
+            f"run from the repository root ({ROOT}) or pass the file's full path"
+        )
+    return path
+
+
+def _value(raw: dict, dotted: str) -> object:
+    for part in dotted.split("."):
+        raw = raw.get(part) if isinstance(raw, dict) else None
+    return raw
+
+
+def _environment_shapes(environment: dict) -> str:
+    """Observation and action shapes of an environment section ("observations (3,) and actions [3]"), or "" where it
+    cannot be built here."""
+    try:
+        from environments import create_env
+
+        env = create_env(environment)
+    except Exception:  # only for the message: the environment's own errors show when training starts
+        return ""
+    try:
+        space = env.action_space
+        actions = [int(space.n)] if hasattr(space, "n") else [int(n) for n in space.nvec]
+        return f"observations {tuple(env.observation_space.shape)} and actions {actions}"
+    except (AttributeError, TypeError):
+        return ""
+    finally:
+        env.close()
+
+
+def check_resume_shapes(checkpoint: dict, config: dict) -> None:
+    """Raise ValueError naming each SHAPE_KEYS key whose value in ``config`` (the resumed run's, as a dict) differs from
+    the checkpoint's: the saved model, optimizer, memory or environment state would not fit."""
+    try:
+        saved = validate_config(checkpoint["config"]).to_dict()  # defaults of keys added since, filled in
+    except ConfigError:
+        saved = checkpoint["config"]
+    changes = []
+    for key in SHAPE_KEYS:
+        old, new = _value(saved, key), _value(config, key)
+        if old == new:
+            continue
+        if key == "environment" and isinstance(old, dict) and isinstance(new, dict):
+            keys = ["type"] if old.get("type") != new.get("type") else sorted(set(old) | set(new), key=str)
+            differ = ", ".join(f"environment.{k} {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k))
+            saved_shapes = (
+                f"observations {tuple(checkpoint['observation_shape'])} and actions {list(checkpoint['action_dims'])}"
+            )
+            new_shapes = _environment_shapes(new)
+            new_shapes = f", the new environment gives {new_shapes}" if new_shapes else ""
+            changes.append(f"{differ} (the checkpoint's model takes {saved_shapes}{new_shapes})")
+        else:
+            changes.append(f"{key} {old!r} -> {new!r}")
+    if changes:
+        raise ValueError(
+            f"the checkpoint cannot be resumed with {'; '.join(changes)}: "
+            f"{'this changes' if len(changes) == 1 else 'these change'} the shapes of the saved model or memory "
+            "(or the environment the saved episodes replay in). Resume without that --set, or start a new run "
+            "with --config and --run-id"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run train.py with the command-line arguments ``argv`` (default: sys.argv[1:]); returns the exit code."""
+    args = parse_args(__doc__, argv)
     try:
         seed = int(args["--seed"])
     except ValueError:
         print(f"error: --seed must be an integer, got '{args['--seed']}'", file=sys.stderr)
         return 2
+    resume = args["--resume"]
+    if resume and args["--config"] is not None:
+        print(
+            f"error: --config does not go with --resume: a resumed run keeps the config saved in {resume}; "
+            "--set still applies on resume (e.g. --set updates=400 to train longer)",
+            file=sys.stderr,
+        )
+        return 2
+    if resume and args["--overwrite"]:
+        print("error: --overwrite starts a new run over an old one's files; it does not go with --resume", file=sys.stderr)
+        return 2
     checkpoint, run_id = None, args["--run-id"]
     try:
         overrides = parse_overrides(args["--set"])
-        if args["--resume"]:
-            checkpoint = load_file(args["--resume"])
+        if resume:
+            checkpoint = load_file(resume)
             if checkpoint.get("kind") != "checkpoint":
-                raise ValueError(f"'{args['--resume']}' is a model file, not a checkpoint: use models/<run-id>/checkpoint.pt")
+                raise ValueError(f"'{resume}' is a model file, not a checkpoint: use models/<run-id>/checkpoint.pt")
             config = validate_config(apply_overrides(checkpoint["config"], overrides))
+            check_resume_shapes(checkpoint, config.to_dict())
             run_id, seed = checkpoint["run_id"], checkpoint["seed"]
+            memory_path = args["--memory-path"] or checkpoint.get("memory_path", "fast")
+            source = f"checkpoint {resume} (update {checkpoint['update']})"
         else:
-            config = load_config(args["--config"], overrides)
-        check_memory_path(args["--memory-path"], config)
-        for folder in ("models", "summaries"):
+            path = config_path(args["--config"])
+            config = load_config(path, overrides)
+            memory_path = args["--memory-path"] or "fast"
+            source = path
+        check_memory_path(memory_path, config)
+        if checkpoint is not None and checkpoint["update"] >= config.updates:
+            print(
+                f"nothing to do: {resume} holds update {checkpoint['update']} and the run has updates = {config.updates}. "
+                f"To train longer: python train.py --resume={resume} --set updates=N (N > {checkpoint['update']})"
+            )
+            return 0
+        if checkpoint is None and not args["--overwrite"]:
+            check_new_run(run_id)
+        for folder in (MODELS_DIR, SUMMARIES_DIR):
             check_writable(folder)
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
@@ -74,10 +198,9 @@ def main() -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     device = torch.device("cuda" if torch.cuda.is_available() and not args["--cpu"] else "cpu")
-    source = f"checkpoint {args['--resume']}" if checkpoint else args["--config"]
-    print(f"training {run_id} on {device} from {source}", flush=True)
+    print(f"training {run_id} on {device} from {source}, memory path {memory_path}", flush=True)
     try:
-        trainer = PPOTrainer(config, run_id, device, seed, args["--memory-path"], checkpoint=checkpoint)
+        trainer = PPOTrainer(config, run_id, device, seed, memory_path, checkpoint=checkpoint)
     except WorkerError as error:
         print(f"error: the environment failed to start: {error}", file=sys.stderr)
         return 1
@@ -86,12 +209,14 @@ def main() -> int:
             raise
         print(f"error: the checkpoint does not fit this environment or config: {error}", file=sys.stderr)
         return 2
+    print(f"summaries: {trainer.summary_dir} (tensorboard --logdir {SUMMARIES_DIR})", flush=True)
     try:
         trainer.run()
     except TrainingStopped as error:
         print(error, file=sys.stderr)
+        print(f"summaries: {trainer.summary_dir}", file=sys.stderr)
         return 130 if isinstance(error.__cause__, KeyboardInterrupt) else 1
-    print(f"saved {trainer.model_path} and {trainer.checkpoint_path}")
+    print(f"saved {trainer.model_path} and {trainer.checkpoint_path}; summaries in {trainer.summary_dir}")
     return 0
 
 

@@ -1,0 +1,364 @@
+"""Tests of the command lines of train.py and enjoy.py (cli.py): refusals that come before anything starts, messages
+that name the fix, and paths found from any folder.
+
+Most tests call ``train.main(argv)`` / ``enjoy.main(argv)`` in this process with PPOTrainer replaced by a stand-in that
+only records how it was built, so they take milliseconds; two run a real (tiny) training.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import shutil
+import sys
+
+import pytest
+import torch
+from conftest import small_config
+
+import cli
+import enjoy
+import train
+from checkpoint import load_file
+from trainer import PPOTrainer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--cpu", "--set=updates=1", "--set=n_workers=2", "--set=worker_steps=16", "--set=n_mini_batch=1"]
+TINY += ["--set=epochs=1", "--set=eval_interval=0"]
+
+
+class FakeTrainer:
+    """Stands in for PPOTrainer: records its arguments, trains nothing."""
+
+    calls: list[dict] = []
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        bound = inspect.signature(PPOTrainer).bind(*args, **kwargs)
+        bound.apply_defaults()
+        FakeTrainer.calls.append(dict(bound.arguments))
+        run_id = bound.arguments["run_id"]
+        self.summary_dir = os.path.join("summaries", run_id, "20240101-000000")
+        self.model_path = os.path.join("models", f"{run_id}.nn")
+        self.checkpoint_path = os.path.join("models", run_id, "checkpoint.pt")
+
+    def run(self) -> dict:
+        return {}
+
+
+@pytest.fixture
+def fake_trainer(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
+    """Replace train.py's PPOTrainer by FakeTrainer; returns the list of its constructions."""
+    FakeTrainer.calls = []
+    monkeypatch.setattr(train, "PPOTrainer", FakeTrainer)
+    return FakeTrainer.calls
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A folder with models/tiny.nn and models/tiny/checkpoint.pt of one tiny update on the plain memory path."""
+    folder = str(tmp_path_factory.mktemp("trained"))
+    config = small_config(n_workers=2, worker_steps=16, updates=1, eval_interval=0)
+    previous = os.getcwd()
+    os.chdir(folder)  # relative models/ and summaries/, as train.py writes them
+    try:
+        PPOTrainer(config, "tiny", torch.device("cpu"), memory_path="plain").run()
+    finally:
+        os.chdir(previous)
+    return folder
+
+
+@pytest.fixture
+def run_folder(trained_run: str, tmp_path: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A copy of ``trained_run`` to work in (the current folder during the test)."""
+    folder = os.path.join(tmp_path, "work")
+    shutil.copytree(trained_run, folder)
+    monkeypatch.chdir(folder)
+    return folder
+
+
+CHECKPOINT = os.path.join("models", "tiny", "checkpoint.pt")
+
+
+def poc_config(tmp_path: str) -> str:
+    path = os.path.join(tmp_path, "poc.yaml")
+    shutil.copy(os.path.join(ROOT, "configs", "poc_memory_env.yaml"), path)
+    return path
+
+
+# 1. A new run does not overwrite an existing one.
+
+
+@pytest.mark.parametrize("existing", ["models/old.nn", "models/old/checkpoint.pt"])
+def test_new_run_refuses_to_overwrite_an_existing_run(
+    tmp_path: str, monkeypatch: pytest.MonkeyPatch, fake_trainer: list, capsys: pytest.CaptureFixture, existing: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    os.makedirs(os.path.dirname(existing), exist_ok=True)
+    with open(existing, "w") as file:
+        file.write("earlier run")
+    assert train.main([f"--config={poc_config(tmp_path)}", "--run-id=old", *TINY]) == 2
+    error = capsys.readouterr().err
+    assert "--resume=models/old/checkpoint.pt" in error and "--overwrite" in error and existing in error
+    assert fake_trainer == [], "training must not start"
+    assert open(existing).read() == "earlier run"
+    assert not os.path.exists("summaries"), "nothing may be written"
+
+
+def test_overwrite_starts_the_run_over(tmp_path: str, monkeypatch: pytest.MonkeyPatch, fake_trainer: list) -> None:
+    monkeypatch.chdir(tmp_path)
+    os.makedirs("models")
+    open(os.path.join("models", "old.nn"), "w").close()
+    assert train.main([f"--config={poc_config(tmp_path)}", "--run-id=old", "--overwrite", *TINY]) == 0
+    assert len(fake_trainer) == 1 and fake_trainer[0]["run_id"] == "old"
+
+
+# 2. Misspelt flags are named, with the closest real one.
+
+
+@pytest.mark.parametrize(
+    "script,argument,suggestion",
+    [
+        ("train", "--confg=configs/poc_memory_env.yaml", "--config"),
+        ("train", "--run_id=x", "--run-id"),
+        ("enjoy", "--modle=models/poc.nn", "--model"),
+    ],
+)
+def test_misspelt_flag_is_named_with_the_closest_flag(
+    script: str, argument: str, suggestion: str, capsys: pytest.CaptureFixture, fake_trainer: list
+) -> None:
+    module = {"train": train, "enjoy": enjoy}[script]
+    with pytest.raises(SystemExit) as exit_info:
+        module.main([argument, "--cpu"])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    flag = argument.split("=")[0]
+    assert f"unknown flag '{flag}'" in error and f"did you mean {suggestion}?" in error
+    assert fake_trainer == []
+
+
+def test_flags_come_from_the_usage_text() -> None:
+    assert cli.usage_flags(train.__doc__) == [
+        "--config", "--run-id", "--resume", "--overwrite", "--cpu", "--seed", "--memory-path", "--set", "--help"
+    ]  # fmt: skip
+    assert cli.unknown_flags(["--conf=x", "--c", "--cpu", "--nope", "--", "--later"], cli.usage_flags(train.__doc__)) == [
+        "--nope"
+    ]  # prefixes are docopt's: unique ones are flags, ambiguous ones get docopt's message
+
+
+def test_other_usage_errors_exit_2_with_the_reason(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--seed"])
+    assert exit_info.value.code == 2
+    assert "error: --seed requires argument" in capsys.readouterr().err
+
+
+# 3. Shipped files are found from any folder; a missing default model lists the models there are.
+
+
+def test_shipped_config_is_found_from_another_folder(
+    tmp_path: str, monkeypatch: pytest.MonkeyPatch, fake_trainer: list
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert train.main(["--config=configs/poc_memory_env.yaml", "--run-id=elsewhere", *TINY]) == 0
+    assert fake_trainer[0]["config"].environment["type"] == "PocMemoryEnv"
+
+
+def test_missing_config_says_where_relative_paths_are_read(
+    tmp_path: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert train.main(["--config=configs/nope.yaml", "--cpu"]) == 2
+    error = capsys.readouterr().err
+    assert "does not exist" in error and "repository root" in error
+
+
+def empty_root(tmp_path: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Make an empty folder the repository root of cli.py and enjoy.py (the real one may hold models)."""
+    root = os.path.join(tmp_path, "repo")
+    os.makedirs(root)
+    monkeypatch.setattr(cli, "ROOT", root)
+    monkeypatch.setattr(enjoy, "ROOT", root)
+    return root
+
+
+def test_missing_default_model_lists_the_models_there_are(
+    run_folder: str, tmp_path: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    empty_root(tmp_path, monkeypatch)
+    os.rename(os.path.join("models", "tiny.nn"), os.path.join("models", "poc.nn"))
+    assert enjoy.main(["--no-render", "--cpu"]) == 2
+    error = capsys.readouterr().err
+    assert "models/run.nn" in error and "--model=models/poc.nn" in error
+
+
+def test_missing_default_model_without_models_says_how_to_train(
+    tmp_path: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    empty_root(tmp_path, monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    assert enjoy.main(["--no-render", "--cpu"]) == 2
+    error = capsys.readouterr().err
+    assert "models/run.nn" in error and "make train" in error and "python train.py" in error
+
+
+def test_model_is_found_in_the_repository_from_another_folder(
+    trained_run: str, tmp_path: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    root = empty_root(tmp_path, monkeypatch)
+    shutil.copytree(os.path.join(trained_run, "models"), os.path.join(root, "models"))
+    elsewhere = os.path.join(tmp_path, "elsewhere")
+    os.makedirs(elsewhere)
+    monkeypatch.chdir(elsewhere)
+    assert enjoy.main(["--model=models/tiny.nn", "--no-render", "--cpu"]) == 0
+    assert os.path.join(root, "models", "tiny.nn") in capsys.readouterr().err
+
+
+# 4. No display: a window is refused up front.
+
+
+def fail_if_evaluating(*args: object, **kwargs: object) -> None:
+    raise AssertionError("no episode may run")
+
+
+@pytest.mark.parametrize("situation", ["dummy video driver", "linux without a display"])
+def test_window_without_a_display_is_refused(
+    run_folder: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, situation: str
+) -> None:
+    if situation == "dummy video driver":
+        monkeypatch.setenv("SDL_VIDEODRIVER", "dummy")
+    else:
+        if not sys.platform.startswith("linux"):
+            pytest.skip("Linux only")
+        for name in ("SDL_VIDEODRIVER", "DISPLAY", "WAYLAND_DISPLAY"):
+            monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(enjoy, "evaluate", fail_if_evaluating)
+    assert enjoy.main(["--model=models/tiny.nn", "--cpu"]) == 2
+    error = capsys.readouterr().err
+    assert "no display" in error and "--record=<file.gif>" in error and "--no-render" in error
+
+
+# 5. Foreign files in one line; a video without ffmpeg is refused before the episodes.
+
+
+def test_foreign_file_is_one_line_without_torch_internals(capsys: pytest.CaptureFixture) -> None:
+    path = os.path.join(ROOT, "configs", "poc_memory_env.yaml")
+    assert enjoy.main([f"--model={path}", "--no-render", "--cpu"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0, error
+    assert f"'{path}' is not a model or checkpoint written by train.py" in error
+    for internal in ("Unpickl", "weights_only", "torch", "pickle"):
+        assert internal not in error
+
+
+def test_video_without_ffmpeg_is_refused_before_the_episodes(
+    run_folder: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setitem(sys.modules, "imageio_ffmpeg", None)  # import fails, whether or not it is installed
+    monkeypatch.setattr(enjoy, "evaluate", fail_if_evaluating)
+    assert enjoy.main(["--model=models/tiny.nn", "--record=out.mp4", "--cpu"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("pip install") == 1 and "pip install imageio-ffmpeg" in error and ".gif" in error
+    assert not os.path.exists("out.mp4")
+
+
+# 6. Resume: no --config; a finished run has nothing to do.
+
+
+def test_resume_refuses_a_config(run_folder: str, capsys: pytest.CaptureFixture, fake_trainer: list) -> None:
+    assert train.main([f"--resume={CHECKPOINT}", "--config=configs/poc_memory_env.yaml", "--cpu"]) == 2
+    error = capsys.readouterr().err
+    assert "--config" in error and "--set still applies" in error
+    assert fake_trainer == []
+
+
+def test_resuming_a_finished_run_has_nothing_to_do(run_folder: str, capsys: pytest.CaptureFixture, fake_trainer: list) -> None:
+    assert load_file(CHECKPOINT)["update"] == 1
+    assert train.main([f"--resume={CHECKPOINT}", "--cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "nothing to do" in out and "--set updates=N" in out
+    assert fake_trainer == [], "no worker may start"
+
+
+# 7. The memory path of the checkpoint, unless --memory-path says otherwise.
+
+
+@pytest.mark.parametrize("flag,expected", [(None, "plain"), ("--memory-path=fast", "fast")])
+def test_resume_keeps_the_checkpoints_memory_path(
+    run_folder: str, fake_trainer: list, flag: str | None, expected: str
+) -> None:
+    assert load_file(CHECKPOINT)["memory_path"] == "plain"
+    assert train.main([f"--resume={CHECKPOINT}", "--set=updates=2", "--cpu", *([flag] if flag else [])]) == 0
+    assert fake_trainer[0]["memory_path"] == expected
+
+
+def test_new_run_uses_the_fast_memory_path_by_default(
+    tmp_path: str, monkeypatch: pytest.MonkeyPatch, fake_trainer: list
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert train.main([f"--config={poc_config(tmp_path)}", *TINY]) == 0
+    assert fake_trainer[0]["memory_path"] == "fast"
+
+
+# 8. Changes of the saved shapes are refused before any worker starts.
+
+
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("transformer.memory_length=8", "transformer.memory_length"),
+        ("transformer.embed_dim=32", "transformer.embed_dim"),
+        ("transformer.num_blocks=3", "transformer.num_blocks"),
+        ("transformer.gtrxl=true", "transformer.gtrxl"),
+        ("hidden_layer_size=32", "hidden_layer_size"),
+        ("n_workers=4", "n_workers"),
+        ("memory_dtype=bfloat16", "memory_dtype"),
+        ("environment={type: CartPole}", "environment.type"),
+    ],
+)
+def test_resume_refuses_changed_shapes(
+    run_folder: str, capsys: pytest.CaptureFixture, fake_trainer: list, override: str, key: str
+) -> None:
+    assert train.main([f"--resume={CHECKPOINT}", "--set=updates=2", f"--set={override}", "--cpu"]) == 2
+    error = capsys.readouterr().err
+    assert key in error and "shapes" in error and "Traceback" not in error
+    assert fake_trainer == [], "no worker may start"
+
+
+def test_resume_with_other_worker_steps_trains(run_folder: str, capsys: pytest.CaptureFixture) -> None:
+    """worker_steps only sizes the rollout buffer; the checkpoint carries the last memory_length steps of the trace."""
+    code = train.main([f"--resume={CHECKPOINT}", "--set=updates=2", "--set=worker_steps=32", "--cpu"])
+    assert code == 0, capsys.readouterr()
+    checkpoint = load_file(CHECKPOINT)
+    assert checkpoint["update"] == 2 and checkpoint["config"]["worker_steps"] == 32
+
+
+# 9. The summaries folder is printed at the start and at the end.
+
+
+def test_summaries_folder_is_printed_at_start_and_end(
+    tmp_path: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, fake_trainer: list
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert train.main([f"--config={poc_config(tmp_path)}", "--run-id=logged", *TINY]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    folder = os.path.join("summaries", "logged", "20240101-000000")
+    assert folder in lines[1] and folder in lines[-1], lines  # right after the start line, and in the last line
+
+
+def test_tiny_run_from_another_folder_end_to_end(
+    tmp_path: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert train.main(["--config=configs/poc_memory_env.yaml", "--run-id=tiny", *TINY]) == 0
+    out = capsys.readouterr().out
+    folders = os.listdir(os.path.join("summaries", "tiny"))
+    assert len(folders) == 1 and out.count(os.path.join("summaries", "tiny", folders[0])) == 2
+    assert os.path.isfile(os.path.join("models", "tiny.nn")) and os.path.isfile(CHECKPOINT)
+
+
+# 10. .gitignore
+
+
+def test_gitignore_ignores_virtual_environments() -> None:
+    lines = [line.strip() for line in open(os.path.join(ROOT, ".gitignore"))]
+    assert ".venv/" in lines
