@@ -104,8 +104,9 @@ class MemoryGymEnv(gymnasium.Wrapper):
     configured parameters. Training draws from [start-seed, start-seed + num-seeds); evaluation from the disjoint
     [start-seed + num-seeds, start-seed + 2 * num-seeds).
 
-    Observations are (3, 84, 84) float32 in [0, 1]. memory-gym reports every episode end as terminated; an end caused by
-    the task's step limit (reset parameter "max_steps") without success is reported here as truncated instead.
+    Observations are (3, 84, 84) float32 in [0, 1]. memory-gym reports every episode end as terminated; an end caused
+    only by the task's step limit (reset parameter "max_steps") is reported here as truncated instead (see
+    ``is_time_limit``).
     """
 
     def __init__(
@@ -176,7 +177,7 @@ class MemoryGymEnv(gymnasium.Wrapper):
         obs, reward, done, _, info = self.env.step(action)
         self._return += float(reward)
         self._length += 1
-        truncated = done and self._length == self._time_limit and not info.get("success", 0)
+        truncated = done and is_time_limit(self._length, self._time_limit, info)
         if done:
             numbers = (bool, int, float, np.number, np.bool_)
             episode = {key: float(value) for key, value in info.items() if isinstance(value, numbers)}
@@ -200,6 +201,18 @@ class MemoryGymEnv(gymnasium.Wrapper):
         _open_envs -= 1
         if _open_envs == 0:
             self.env.close()
+
+
+def is_time_limit(length: int, time_limit: int, info: dict) -> bool:
+    """Whether an episode that ended after ``length`` steps ended only because of the step limit ``time_limit``.
+
+    memory-gym sets its done flag at the limit whatever else happened at that step, so an end at the limit is a
+    truncation only if the task itself did not end the episode there: no success, and (Searing Spotlights) the agent
+    still alive. A death on the last allowed step is terminal and must not be bootstrapped.
+    """
+    if length != time_limit:
+        return False
+    return not info.get("success", 0) and info.get("agent_health", 1.0) > 0
 
 
 def _check(config: dict) -> None:

@@ -106,6 +106,23 @@ def test_step_limit_is_truncation(config: dict, action: int) -> None:
     assert info["episode"]["success"] == 0.0
 
 
+@pytest.mark.parametrize("health, success, truncated", [(0.0, 0, False), (0.5, 0, True), (0.5, 1, False)])
+def test_searing_spotlights_end_at_the_limit_is_truncation_only_if_nothing_else_ended_it(
+    monkeypatch: pytest.MonkeyPatch, health: float, success: int, truncated: bool
+) -> None:
+    # memory-gym sets done at its step limit whatever else happened: a death on the last allowed step is terminal.
+    env = create_env({"type": "MemoryGym", "name": "SearingSpotlights-v0"})
+    env.reset(seed=0)
+    inner_step = env.env.step
+    env._length = env.max_episode_steps - 1  # as if the episode had run until one step before its limit
+    info = {"reward": 0.0, "length": 256, "agent_health": health, "coins_collected": 0.0, "success": success}
+    monkeypatch.setattr(env.env, "step", lambda action: (*inner_step(action)[:2], True, False, dict(info)))
+    _, _, terminated, was_truncated, step_info = env.step(np.zeros(2, dtype=np.int64))
+    assert (terminated, was_truncated) == (not truncated, truncated)
+    assert step_info["episode"]["agent_health"] == health
+    env.close()
+
+
 def test_minigrid_reward_uses_minigrids_own_step_limit() -> None:
     # The reference cut episodes at 96 steps but kept MiniGrid's reward, whose step penalty is scaled by MiniGrid's own
     # max_steps (5 * 9^2 for S9): a success after n steps pays 1 - 0.9 * n / 405, not 1 - 0.9 * n / 96.
