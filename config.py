@@ -106,7 +106,7 @@ TRANSFORMER_SCHEMA: dict[str, tuple] = {
         str,
         "",
         ('"", "relative" or "learned"', lambda v: v in ("", "relative", "learned")),
-        "added to memory tokens by their episode step: none, sinusoidal, or learned",
+        "added to memory tokens by their episode step: none, sinusoidal, or learned (a 2048-row table; sinusoidal beyond)",
     ),
     "layer_norm": (
         str,
@@ -224,10 +224,10 @@ def validate_config(raw: Any) -> Config:
             f"'transformer.embed_dim' ({transformer.embed_dim}) must be divisible by 'transformer.num_heads' "
             f"({transformer.num_heads}): change one of them, e.g. embed_dim {transformer.num_heads * 64}"
         )
-    if transformer.positional_encoding == "relative" and transformer.embed_dim % 2:
+    if transformer.positional_encoding in ("relative", "learned") and transformer.embed_dim % 2:
         raise ConfigError(
-            f"'transformer.embed_dim' ({transformer.embed_dim}) must be even for positional_encoding 'relative' "
-            "(sine and cosine halves): use an even embed_dim"
+            f"'transformer.embed_dim' ({transformer.embed_dim}) must be even for positional_encoding "
+            f"'{transformer.positional_encoding}' (sine and cosine halves, also past the learned table): use an even embed_dim"
         )
     n, t, m = values["n_workers"], values["worker_steps"], values["n_mini_batch"]
     if (n * t) % m != 0:

@@ -27,7 +27,7 @@ from torch.nn import functional as F
 
 from config import TransformerConfig
 
-LEARNED_POSITIONS = 2048  # rows of the learned positional table; later episode steps share the last row
+LEARNED_POSITIONS = 2048  # rows of the learned positional table; later episode steps get the sinusoidal encoding
 
 # Per block (k, v), each (B, H, S, d), or a function (block index, block input (B, Q, D)) -> (k, v).
 KeyValueSource = list[tuple[torch.Tensor, torch.Tensor]] | Callable[[int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -185,7 +185,13 @@ class Transformer(nn.Module):
             encoding = sinusoidal_encoding(steps, self.config.embed_dim).unsqueeze(2)  # (B, S, 1, D)
             return encoding.expand(-1, -1, self.config.num_blocks, -1)  # the same for every block, as a view
         if kind == "learned":
-            return self.learned_positions[steps.clamp(0, LEARNED_POSITIONS - 1)]  # (B, S, K, D)
+            learned = self.learned_positions[steps.clamp(0, LEARNED_POSITIONS - 1)]  # (B, S, K, D)
+            beyond = steps >= LEARNED_POSITIONS  # (B, S) steps the table has no row for (Endless tasks)
+            if not bool(beyond.any()):
+                return learned
+            # Sharing the last row would make all later steps look alike; the sinusoid keeps them apart.
+            sinusoid = sinusoidal_encoding(steps, self.config.embed_dim).unsqueeze(2)  # (B, S, 1, D)
+            return torch.where(beyond[..., None, None], sinusoid, learned)
         return None
 
     def project_memory(self, memory: torch.Tensor, steps: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:

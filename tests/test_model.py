@@ -9,6 +9,7 @@ import torch
 from conftest import small_config
 
 from model import ActorCriticModel, PolicyOutput
+from transformer import LEARNED_POSITIONS, sinusoidal_encoding
 from trxl_memory import TrXLContext, ring_mask
 
 OPTIONS = list(itertools.product(["", "relative", "learned"], ["", "pre", "post"], [False, True]))
@@ -93,3 +94,15 @@ def test_memory_changes_the_output_when_visible() -> None:
     a = window_output(model, obs, torch.randn(1, 4, 2, 16), steps, visible).value
     b = window_output(model, obs, torch.randn(1, 4, 2, 16), steps, visible).value
     assert not torch.allclose(a, b)
+
+
+def test_learned_positions_beyond_the_table_use_the_sinusoid() -> None:
+    torch.manual_seed(0)
+    model = ActorCriticModel(small_config(transformer_options("learned", "pre", False)), (5,), [3])
+    transformer = model.memory.transformer
+    steps = torch.tensor([[0, LEARNED_POSITIONS - 1, LEARNED_POSITIONS, LEARNED_POSITIONS + 1, 10_000]])
+    encoding = transformer.position_encoding(steps)  # (1, 5, K, D)
+    assert torch.equal(encoding[0, :2], transformer.learned_positions[[0, LEARNED_POSITIONS - 1]])
+    beyond = sinusoidal_encoding(steps[0, 2:], 16).unsqueeze(1).expand(-1, 2, -1)
+    assert torch.equal(encoding[0, 2:], beyond)
+    assert not torch.equal(encoding[0, 2], encoding[0, 3])  # later steps stay apart instead of sharing the last row
