@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from environments import episode_limit, validate_env_config
+from environments import FAMILIES, episode_limit, validate_env_config
 
 
 class ConfigError(ValueError):
@@ -74,6 +74,7 @@ class Config:
     checkpoint_interval: int
     eval_interval: int
     eval_episodes: int
+    eval_video: bool
     transformer: TransformerConfig
     learning_rate_schedule: Schedule
     beta_schedule: Schedule
@@ -153,6 +154,12 @@ SCHEMA: dict[str, tuple] = {
     "checkpoint_interval": (int, 10, _NON_NEGATIVE, "checkpoint every this many updates (0 = only at the end)"),
     "eval_interval": (int, 50, _NON_NEGATIVE, "evaluate on unseen seeds every this many updates (0 = never)"),
     "eval_episodes": (int, 10, _POSITIVE, "episodes per evaluation during training"),
+    "eval_video": (
+        bool,
+        False,
+        None,
+        "at every evaluation, also record one episode with the attention strips as a TensorBoard video (Images tab)",
+    ),
     "transformer": (dict, {}, None, "the memory transformer (keys below)"),
     "learning_rate_schedule": (dict, {"initial": 3e-4, "final": 3e-4, "max_decay_steps": 1}, None, "AdamW learning rate"),
     "beta_schedule": (dict, {"initial": 1e-3, "final": 1e-3, "max_decay_steps": 1}, None, "entropy bonus coefficient"),
@@ -253,6 +260,11 @@ def validate_config(raw: Any) -> Config:
             f"'transformer.memory_length' ({transformer.memory_length}) exceeds the episode length "
             f"'environment.max_episode_steps' ({max_steps}; the task's own limit where that key is unset or 0): "
             f"memory beyond the episode is never filled; use memory_length <= {max_steps}"
+        )
+    if values["eval_video"] and "rgb_array" not in FAMILIES[environment["type"]].allowed_render_modes(environment):
+        raise ConfigError(
+            f"'eval_video' needs frames, but a {environment['type']} environment cannot render them (no 'rgb_array' "
+            "render mode): set eval_video to false"
         )
     values["environment"] = environment
     values["transformer"] = transformer

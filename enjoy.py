@@ -29,31 +29,10 @@ import torch
 from checkpoint import load_model
 from cli import ROOT, no_display_reason, parse_args, shipped_path
 from evaluation import evaluate, format_summary, summarize
+from figures import attention_frame
 
 DEFAULT_MODEL = "models/run.nn"  # the --model default of the usage text: train.py's default --run-id
 VIDEO_EXTENSIONS = (".mp4", ".mkv", ".mov", ".avi", ".webm")  # what imageio writes through its ffmpeg plugin
-
-
-def heat_row(weights: np.ndarray, width: int, slots: int, height: int) -> np.ndarray:
-    """Draw attention weights (V,) over ``slots`` window positions as an RGB strip (height, width, 3), newest right."""
-    cells = np.zeros(slots)
-    if len(weights):
-        cells[slots - len(weights) :] = weights / max(weights.max(), 1e-8)
-    columns = np.minimum((np.arange(width) * slots) // width, slots - 1)
-    values = cells[columns]
-    colour = np.stack([values, values**0.5 * 0.85, 0.3 * (1 - values)], axis=-1)  # dark blue -> yellow
-    return np.repeat((colour * 255).astype(np.uint8)[None], height, axis=0)
-
-
-def attention_panel(frame: np.ndarray, attention: list[np.ndarray], memory_length: int) -> np.ndarray:
-    """Stack one strip per block and head under the frame."""
-    width = frame.shape[1]
-    strips = [frame]
-    for block in attention:
-        for head in block:
-            strips.append(heat_row(head, width, memory_length, 6))
-        strips.append(np.full((2, width, 3), 255, dtype=np.uint8))
-    return np.concatenate(strips, axis=0)
 
 
 def check_record_path(path: str) -> None:
@@ -159,12 +138,15 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     frames: list[np.ndarray] = []
+    episode = 0
 
     def on_step(env: object, step: int, attention: list[np.ndarray] | None) -> None:
+        nonlocal episode
+        episode += step == 1
         if record:
             frame = env.render()
             if attention is not None:
-                frame = attention_panel(frame, attention, config.transformer.memory_length)
+                frame = attention_frame(frame, attention, config.transformer.memory_length, episode, step)
             frames.append(frame)
 
     try:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import yaml
+from tensorboard.compat.proto.summary_pb2 import Summary
 from torch.utils.tensorboard import SummaryWriter
+
+from figures import gif_bytes
 
 # stats key -> TensorBoard tag
 LOSSES = {
@@ -45,6 +49,15 @@ class Summaries:
         """Means of an evaluation on unseen episodes, under ``evaluation/``."""
         for key, value in means.items():
             self.writer.add_scalar(f"evaluation/{key}_mean", value, env_steps)
+
+    def video(self, tag: str, frames: list[np.ndarray], env_steps: int) -> None:
+        """An animated GIF of frames (each (H, W, 3) uint8, same size), shown in TensorBoard's Images tab.
+
+        Written as the image summary that SummaryWriter.add_video makes, without add_video's moviepy dependency.
+        """
+        height, width = frames[0].shape[:2]
+        image = Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=gif_bytes(frames))
+        self.writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), env_steps)
 
     def close(self) -> None:
         self.writer.close()

@@ -21,6 +21,7 @@ from buffer import Buffer
 from checkpoint import Progress, atomic_save, restore_training, save_model, snapshot_training
 from config import Config
 from evaluation import evaluate
+from figures import attention_frame
 from memory import MEMORY_PATHS, check_memory_path
 from model import ActorCriticModel
 from ppo import NonFiniteError, PPOLearner
@@ -123,7 +124,22 @@ class PPOTrainer:
         results = evaluate(self.model, self.config, self.device, self.config.eval_episodes, seed=EVALUATION_SEED)
         means = {key: float(np.mean([r[key] for r in results if key in r])) for key in results[0]}
         self.summaries.evaluation(self.progress.env_steps, means)
+        if self.config.eval_video:
+            self.summaries.video("evaluation/episode", self.record_episode(), self.progress.env_steps)
         return means
+
+    def record_episode(self) -> list[np.ndarray]:
+        """Frames of the first evaluation episode with the attention strips (figures.py)."""
+        frames = []
+        length = self.config.transformer.memory_length
+
+        def on_step(env: object, step: int, attention: list[np.ndarray]) -> None:
+            frames.append(attention_frame(env.render(), attention, length, 1, step))
+
+        evaluate(
+            self.model, self.config, self.device, 1, EVALUATION_SEED, render_mode="rgb_array", on_step=on_step, attention=True
+        )
+        return frames
 
     def save_checkpoint(self, snapshot: dict) -> None:
         """Write a snapshot to the checkpoint file, atomically."""

@@ -357,3 +357,9 @@ def test_training_evaluations_play_the_same_episodes(
     PPOTrainer(config, "same", torch.device("cpu"), models_dir=str(tmp_path), summaries_dir=str(tmp_path)).run()
     assert len(seeds) == 3 and len(set(seeds)) == 1, seeds  # one fixed set of episodes: the curve compares like with like
     assert capsys.readouterr().out.count("evaluating 2 unseen episodes") == 3  # nothing runs silently
+
+
+def test_eval_video_needs_an_environment_that_renders() -> None:
+    with pytest.raises(ConfigError, match="eval_video"):
+        small_config(environment={"type": "Failing"}, eval_video=True)
+    assert small_config(eval_video=True).eval_video
