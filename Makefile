@@ -12,7 +12,7 @@ install-dev: install
 	$(PYTHON) -m pip install -q -r requirements-dev.txt
 
 train: install
-	$(PYTHON) train.py --config configs/poc_memory_env.yaml --run-id poc
+	$(PYTHON) train.py --config configs/poc_memory_env.yaml --run-id poc --overwrite
 
 lint: install-dev
 	$(PYTHON) -m ruff check .
