@@ -116,7 +116,12 @@ TRANSFORMER_SCHEMA: dict[str, tuple] = {
         "layer norm before attention/feed-forward (pre), after the residual (post), or none",
     ),
     "gtrxl": (bool, False, None, "GTrXL: GRU gates instead of residual connections"),
-    "gtrxl_bias": (float, 0.0, None, "GRU gate bias; larger values start the gates closer to the identity"),
+    "gtrxl_bias": (
+        float,
+        0.0,
+        None,
+        "initial value of the learned GRU gate bias; larger values start the gates closer to the identity",
+    ),
     "memory_gradients": (
         bool,
         False,

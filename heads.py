@@ -16,10 +16,8 @@ from torch.distributions import Categorical
 
 
 def orthogonal(layer: nn.Module, gain: float) -> nn.Module:
-    """Orthogonal weights with ``gain`` and zero bias, as the reference initialises every layer."""
+    """Orthogonal weights with ``gain``, as the reference initialises its layers (biases keep PyTorch's default)."""
     nn.init.orthogonal_(layer.weight, gain)
-    if layer.bias is not None:
-        nn.init.zeros_(layer.bias)
     return layer
 
 
@@ -60,7 +58,8 @@ class CategoricalPolicy(nn.Module):
     def __init__(self, in_dim: int, hidden: int, action_dims: list[int]) -> None:
         super().__init__()
         self.hidden = orthogonal(nn.Linear(in_dim, hidden), np.sqrt(2))
-        self.branches = nn.ModuleList([orthogonal(nn.Linear(hidden, n), 0.01) for n in action_dims])
+        # Gain sqrt(0.01), as the reference and CleanRL: near-uniform first policies.
+        self.branches = nn.ModuleList([orthogonal(nn.Linear(hidden, n), np.sqrt(0.01)) for n in action_dims])
 
     def forward(self, h: torch.Tensor) -> MultiCategorical:
         """The action distribution for features ``h`` (..., D)."""

@@ -50,14 +50,23 @@ def sinusoidal_encoding(steps: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 class GRUGate(nn.Module):
-    """GTrXL gating layer: a GRU-style gate that replaces the residual connection ``x + y``."""
+    """GTrXL gating layer: a GRU-style gate that replaces the residual connection ``x + y``.
+
+    As the reference: six D x D weight matrices, each Xavier-uniform initialised (stored fused, three for the sub-layer
+    output y and three for the stream x, so that each side is one matrix product), and a learned gate bias per unit,
+    initialised to ``bias``; larger values start the gate closer to the identity (the stream passes through).
+    """
 
     def __init__(self, dim: int, bias: float) -> None:
         super().__init__()
-        self.w = nn.Linear(dim, 3 * dim, bias=False)  # r, z, g from the sub-layer output y
-        self.u_rz = nn.Linear(dim, 2 * dim, bias=False)  # r, z from the stream x
+        self.w = nn.Linear(dim, 3 * dim, bias=False)  # W_r, W_z, W_g from the sub-layer output y
+        self.u_rz = nn.Linear(dim, 2 * dim, bias=False)  # U_r, U_z from the stream x
         self.u_g = nn.Linear(dim, dim, bias=False)
-        self.bias = bias
+        self.bias = nn.Parameter(torch.full((dim,), float(bias)))
+        with torch.no_grad():
+            for weight in (self.w.weight, self.u_rz.weight, self.u_g.weight):
+                for block in weight.split(dim):  # each D x D matrix with its own fan-in and fan-out
+                    nn.init.xavier_uniform_(block)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Gate the stream ``x`` (B, Q, D) with the sub-layer output ``y`` (B, Q, D)."""
@@ -169,14 +178,18 @@ class TransformerBlock(nn.Module):
 
 
 class Transformer(nn.Module):
-    """K blocks over one query token per step, each attending to its own episodic memory."""
+    """An input embedding, then K blocks over one query token per step, each attending to its own episodic memory."""
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         self.config = config
-        self.blocks = nn.ModuleList([TransformerBlock(config) for _ in range(config.num_blocks)])
+        # The reference's input embedding (Linear + ReLU on the encoder's output), before the first block.
+        self.embedding = nn.Linear(config.embed_dim, config.embed_dim)
+        nn.init.orthogonal_(self.embedding.weight, math.sqrt(2))
         if config.positional_encoding == "learned":
-            self.learned_positions = nn.Parameter(torch.randn(LEARNED_POSITIONS, config.num_blocks, config.embed_dim) * 0.02)
+            # One table for all blocks, initialised as the reference does.
+            self.learned_positions = nn.Parameter(torch.randn(LEARNED_POSITIONS, config.embed_dim))
+        self.blocks = nn.ModuleList([TransformerBlock(config) for _ in range(config.num_blocks)])
 
     def position_encoding(self, steps: torch.Tensor) -> torch.Tensor | None:
         """Per-block encoding (B, S, K, D) of memory tokens at episode ``steps`` (B, S), or None without encoding."""
@@ -185,13 +198,12 @@ class Transformer(nn.Module):
             encoding = sinusoidal_encoding(steps, self.config.embed_dim).unsqueeze(2)  # (B, S, 1, D)
             return encoding.expand(-1, -1, self.config.num_blocks, -1)  # the same for every block, as a view
         if kind == "learned":
-            learned = self.learned_positions[steps.clamp(0, LEARNED_POSITIONS - 1)]  # (B, S, K, D)
+            encoding = self.learned_positions[steps.clamp(0, LEARNED_POSITIONS - 1)]  # (B, S, D)
             beyond = steps >= LEARNED_POSITIONS  # (B, S) steps the table has no row for (Endless tasks)
-            if not bool(beyond.any()):
-                return learned
-            # Sharing the last row would make all later steps look alike; the sinusoid keeps them apart.
-            sinusoid = sinusoidal_encoding(steps, self.config.embed_dim).unsqueeze(2)  # (B, S, 1, D)
-            return torch.where(beyond[..., None, None], sinusoid, learned)
+            if bool(beyond.any()):
+                # Sharing the last row would make all later steps look alike; the sinusoid keeps them apart.
+                encoding = torch.where(beyond.unsqueeze(-1), sinusoidal_encoding(steps, self.config.embed_dim), encoding)
+            return encoding.unsqueeze(2).expand(-1, -1, self.config.num_blocks, -1)  # the same for every block
         return None
 
     def project_memory(self, memory: torch.Tensor, steps: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -223,7 +235,7 @@ class Transformer(nn.Module):
         """Run the blocks: the one block loop of every path (rollout, training chunks, plain windows).
 
         Args:
-            h: (B, Q, D) embedded observations, one token per query step.
+            h: (B, Q, D) encoded observations, one per query step (the input embedding comes first).
             keys_values: per block (k, v), each (B, H, S, d); or a function (i, block i's input (B, Q, D)) -> (k, v),
                 for memories whose slots hold this very pass's block inputs (see TrXLMemory's memory_gradients).
             mask: (B, Q, S) True where a query may attend to a memory slot.
@@ -234,6 +246,7 @@ class Transformer(nn.Module):
             per-block weights (B, H, Q, S) or None.
         """
         source = keys_values if callable(keys_values) else (lambda i, _: keys_values[i])
+        h = torch.relu(self.embedding(h))
         tokens = []
         weights = [] if return_weights else None
         attention_mask = AttentionMask.build(mask)

@@ -59,4 +59,5 @@ def test_model_on_uint8_images_equals_float_images_with_gradients() -> None:
     torch.testing.assert_close(value_u8, value_f)  # the uint8 path folds 1/255 into the weights: rounding differs
     assert grads_u8.keys() == grads_f.keys() and "encoder.conv.0.weight" in grads_u8
     for name in grads_u8:
-        torch.testing.assert_close(grads_u8[name], grads_f[name], rtol=1e-5, atol=1e-6, msg=name)
+        scale = grads_f[name].abs().max().item()  # float32 rounding relative to the gradient's own size
+        torch.testing.assert_close(grads_u8[name], grads_f[name], rtol=1e-5, atol=1e-5 * scale, msg=name)

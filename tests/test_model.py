@@ -102,7 +102,29 @@ def test_learned_positions_beyond_the_table_use_the_sinusoid() -> None:
     transformer = model.memory.transformer
     steps = torch.tensor([[0, LEARNED_POSITIONS - 1, LEARNED_POSITIONS, LEARNED_POSITIONS + 1, 10_000]])
     encoding = transformer.position_encoding(steps)  # (1, 5, K, D)
-    assert torch.equal(encoding[0, :2], transformer.learned_positions[[0, LEARNED_POSITIONS - 1]])
-    beyond = sinusoidal_encoding(steps[0, 2:], 16).unsqueeze(1).expand(-1, 2, -1)
+    assert torch.equal(
+        encoding[0, :2], transformer.learned_positions[[0, LEARNED_POSITIONS - 1]].unsqueeze(1).expand(-1, 2, -1)
+    )
+    beyond = sinusoidal_encoding(steps[0, 2:], 16).unsqueeze(1).expand(-1, 2, -1)  # the same for both blocks
     assert torch.equal(encoding[0, 2:], beyond)
     assert not torch.equal(encoding[0, 2], encoding[0, 3])  # later steps stay apart instead of sharing the last row
+
+
+def test_agent_is_initialised_as_the_reference() -> None:
+    torch.manual_seed(0)
+    model = ActorCriticModel(small_config(transformer_options("", "pre", True)), (5,), [7])
+    branch = model.policy.branches[0].weight  # (7, hidden): orthogonal rows of norm sqrt(0.01)
+    torch.testing.assert_close(branch @ branch.T, torch.eye(7) * 0.01, atol=1e-6, rtol=0)
+    transformer = model.memory.transformer
+    embedding = transformer.embedding.weight  # the reference's second input layer, orthogonal with gain sqrt(2)
+    torch.testing.assert_close(embedding @ embedding.T, torch.eye(16) * 2, atol=1e-5, rtol=0)
+    gate = transformer.blocks[0].gates[0]
+    assert isinstance(gate.bias, torch.nn.Parameter) and torch.equal(gate.bias.detach(), torch.full((16,), 1.0))
+    bound = (6 / (16 + 16)) ** 0.5  # Xavier-uniform of each D x D matrix, not of the fused (3D, D) one
+    for weight in (gate.w.weight, gate.u_rz.weight, gate.u_g.weight):
+        for block in weight.split(16):
+            assert block.abs().max() <= bound and block.abs().max() > 0.8 * bound
+    x = torch.randn(4, 16)
+    model.zero_grad()
+    gate(x, torch.randn(4, 16)).sum().backward()
+    assert gate.bias.grad is not None and gate.bias.grad.abs().sum() > 0  # the gate bias is learned
