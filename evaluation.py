@@ -14,6 +14,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from aggregation import interquartile_mean
 from config import Config
 from environments import create_env
 from model import ActorCriticModel
@@ -77,13 +78,6 @@ def evaluate(
     finally:
         env.close()
     return results
-
-
-def interquartile_mean(values: np.ndarray) -> float:
-    """Mean of the middle 50% of the values (the IQM recommended by Agarwal et al., 2021)."""
-    ordered = np.sort(values)
-    n = len(ordered)
-    return float(ordered[n // 4 : n - n // 4].mean()) if n >= 4 else float(ordered.mean())
 
 
 def summarize(results: list[dict[str, float]], resamples: int = 2000, seed: int = 0) -> dict[str, dict[str, float]]:

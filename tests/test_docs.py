@@ -25,7 +25,7 @@ def test_every_config_key_is_documented() -> None:
             assert f"`{key}`" in README, f"{env_type}.{key}"
 
 
-@pytest.mark.parametrize("script", ["train.py", "enjoy.py", "benchmark.py"])
+@pytest.mark.parametrize("script", ["train.py", "enjoy.py", "benchmark.py", "experiment.py", "plot.py"])
 def test_every_flag_is_documented(script: str) -> None:
     text = open(os.path.join(ROOT, script)).read()
     usage = text.split('"""')[1]

@@ -1,0 +1,143 @@
+"""Overlay the IQM curves of several experiments (written by experiment.py), each with its 95% confidence band.
+
+Usage:
+  plot.py <experiment>... [--out=<file>] [--title=<text>]
+  plot.py (-h | --help)
+
+Arguments:
+  <experiment>          A folder written by experiment.py (results/<id>) or its summary.json.
+
+Options:
+  --out=<file>          Figure to write (default: compare.png next to the first experiment, e.g. results/compare.png).
+  --title=<text>        Title (default: "<metric>: IQM over seeds with 95% stratified-bootstrap bands").
+  -h --help             Show this help.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from cli import parse_args
+
+SUMMARY_FILE = "summary.json"
+
+
+def summary_path(path: str) -> str:
+    """The summary.json of an experiment folder, or ``path`` itself where it is a file."""
+    return os.path.join(path, SUMMARY_FILE) if os.path.isdir(path) else path
+
+
+def load_summary(path: str) -> dict:
+    """Read an experiment's summary.json (``path``: the file or its folder); ValueError with the fix where it is not one."""
+    file = summary_path(path)
+    if not os.path.isfile(file):
+        raise ValueError(f"'{file}' does not exist: pass a folder that experiment.py wrote (results/<run-id>)")
+    try:
+        with open(file) as handle:
+            summary = json.load(handle)
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"cannot read '{file}': {error}") from None
+    if not isinstance(summary, dict) or "curves" not in summary or "metric" not in summary:
+        raise ValueError(f"'{file}' is not a summary written by experiment.py (no curves and metric inside)")
+    return summary
+
+
+def as_array(values: list[float | None]) -> np.ndarray:
+    """A JSON list of numbers (null: no value) as a float array with NaN for null."""
+    return np.array([np.nan if value is None else value for value in values], dtype=np.float64)
+
+
+def draw_experiment(ax: Axes, summary: dict, label: str, color: str, per_seed: bool = False) -> None:
+    """Draw one experiment's IQM curve against environment steps with its band, and optionally each seed's curve."""
+    curves = summary["curves"]
+    steps = np.array(curves["steps"], dtype=np.float64)
+    if len(steps) == 0:
+        return
+    if per_seed:
+        for index, values in enumerate(curves["per_seed"].values()):
+            single = "single seeds" if index == 0 else None  # one legend entry for all of them
+            ax.plot(steps, as_array(values), color=color, linewidth=0.6, alpha=0.4, label=single)
+    seeds = len(curves["per_seed"])
+    ax.fill_between(steps, as_array(curves["ci_low"]), as_array(curves["ci_high"]), color=color, alpha=0.25, linewidth=0)
+    ax.plot(steps, as_array(curves["iqm"]), color=color, linewidth=2, label=f"{label} (IQM of {seeds} seeds, 95% CI)")
+
+
+def metric_label(summaries: list[dict]) -> str:
+    """The y-axis label: the metric the curves show, per update."""
+    metrics = sorted({summary["metric"] for summary in summaries})
+    return f"{' / '.join(metrics)} (mean of the episodes that ended in each update)"
+
+
+def new_axes(title: str, ylabel: str) -> tuple[Figure, Axes]:
+    """A figure with one set of axes, drawn with Agg: no display is needed."""
+    figure = Figure(figsize=(8, 5), layout="constrained")
+    FigureCanvasAgg(figure)
+    ax = figure.add_subplot()
+    ax.set_title(title)
+    ax.set_xlabel("environment steps")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    return figure, ax
+
+
+def save(figure: Figure, path: str) -> None:
+    """Write the figure (its format from the file's extension), creating the folder."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    figure.savefig(path, dpi=120)
+
+
+def experiment_figure(summary: dict, path: str) -> None:
+    """The figure of one experiment: IQM curve with its 95% band and thin per-seed curves (experiment.py's curves.png)."""
+    seeds = len(summary["curves"]["per_seed"])
+    title = f"{os.path.basename(summary['config'])}: {seeds} seed{'s' if seeds != 1 else ''}"
+    figure, ax = new_axes(title, metric_label([summary]))
+    draw_experiment(ax, summary, summary["run_id"], "C0", per_seed=True)
+    threshold = summary.get("steps_to_threshold", {}).get("threshold")
+    if threshold is not None:
+        ax.axhline(threshold, color="grey", linestyle="--", linewidth=1, label=f"threshold {threshold:g}")
+    ax.legend(loc="best")
+    save(figure, path)
+
+
+def default_output(first: str) -> str:
+    """compare.png in the folder that holds the first experiment (results/<id> -> results/compare.png)."""
+    folder = os.path.dirname(os.path.abspath(summary_path(first)))
+    return os.path.join(os.path.dirname(folder), "compare.png")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run plot.py with the command-line arguments ``argv`` (default: sys.argv[1:]); returns the exit code."""
+    args = parse_args(__doc__, argv)
+    try:
+        summaries = [load_summary(path) for path in args["<experiment>"]]
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    metrics = {summary["metric"] for summary in summaries}
+    if len(metrics) > 1:
+        print(f"note: the experiments measure different metrics ({', '.join(sorted(metrics))})", file=sys.stderr)
+    out = args["--out"] or default_output(args["<experiment>"][0])
+    title = args["--title"] or f"{' / '.join(sorted(metrics))}: IQM over seeds with 95% stratified-bootstrap bands"
+    figure, ax = new_axes(title, metric_label(summaries))
+    for index, summary in enumerate(summaries):
+        draw_experiment(ax, summary, summary["run_id"], f"C{index % 10}")
+    ax.legend(loc="best")
+    try:
+        save(figure, out)
+    except (OSError, ValueError) as error:  # matplotlib raises ValueError for an unknown extension
+        print(f"error: cannot write '{out}': {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

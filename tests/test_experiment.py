@@ -1,0 +1,202 @@
+"""experiment.py and plot.py end to end on a tiny config: results written, finished seeds skipped, unfinished seeds
+resumed, failing seeds reported. Every train.py here takes a few seconds."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+
+import experiment
+from checkpoint import load_file
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+UPDATES = 8  # enough updates left after the first for a SIGINT to land before the run ends
+SETS = [
+    f"updates={UPDATES}",
+    "n_workers=2",
+    "worker_steps=16",
+    "eval_interval=0",
+    "checkpoint_interval=1",  # the same in every run of an experiment: the resumed seed needs it (below)
+    "transformer.embed_dim=16",
+    "transformer.num_blocks=1",
+    "hidden_layer_size=16",
+    "transformer.memory_length=8",
+]
+CONFIG = "configs/poc_memory_env.yaml"
+EXPERIMENT = "tiny"
+
+
+def run_experiment(folder: str, seeds: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """experiment.py on the tiny config in ``folder``, two seeds at a time, evaluated on 3 episodes."""
+    command = [sys.executable, os.path.join(ROOT, "experiment.py"), f"--config={CONFIG}", f"--seeds={seeds}"]
+    command += [f"--run-id={EXPERIMENT}", "--jobs=2", "--eval-episodes=3", "--cpu", *[f"--set={s}" for s in SETS]]
+    return subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=timeout)
+
+
+def last_json(result: subprocess.CompletedProcess) -> dict:
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def run_files(folder: str, seed: int) -> list[str]:
+    return [
+        os.path.join(folder, "models", EXPERIMENT, f"seed-{seed}.nn"),
+        os.path.join(folder, "models", EXPERIMENT, f"seed-{seed}", "checkpoint.pt"),
+    ]
+
+
+@pytest.fixture(scope="module")
+def tiny_experiment(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, subprocess.CompletedProcess]:
+    """A folder in which the tiny experiment ran with seeds 0 and 1, and that run's result."""
+    folder = str(tmp_path_factory.mktemp("experiment"))
+    return folder, run_experiment(folder, "0-1")
+
+
+@pytest.fixture
+def copy(tiny_experiment: tuple[str, subprocess.CompletedProcess], tmp_path: str) -> str:
+    """A copy of the experiment's folder to change."""
+    folder = os.path.join(tmp_path, "work")
+    shutil.copytree(tiny_experiment[0], folder)
+    return folder
+
+
+def test_experiment_writes_summary_plot_and_a_json_line(tiny_experiment: tuple[str, subprocess.CompletedProcess]) -> None:
+    folder, result = tiny_experiment
+    assert result.returncode == 0, result.stdout + result.stderr
+    for seed in (0, 1):
+        assert f"seed {seed}: started" in result.stdout and f"seed {seed}: finished" in result.stdout
+        assert all(os.path.isfile(path) for path in run_files(folder, seed))  # run id <id>/seed-k works in train.py
+    line = last_json(result)
+    assert line["seeds"] == 2 and line["metric"] == "success" and line["config"] == CONFIG
+    assert line["plot"] == f"results/{EXPERIMENT}/curves.png"
+    assert len(line["final"]["per_seed"]) == 2
+    assert line["final"]["ci_low"] <= line["final"]["iqm"] <= line["final"]["ci_high"]
+    assert line["steps_to_threshold"]["threshold"] == 0.9 and line["steps_to_threshold"]["runs"] == 2
+    assert os.path.getsize(os.path.join(folder, line["plot"])) > 1000
+    with open(os.path.join(folder, "results", EXPERIMENT, "summary.json")) as file:
+        summary = json.load(file)
+    assert summary["seeds"] == [0, 1] and summary["overrides"] == SETS and summary["eval_episodes"] == 3
+    assert summary["failures"] == [] and "experiment.py" in summary["command"]
+    curves = summary["curves"]
+    steps_per_update = 2 * 16
+    assert curves["tag"] == "episode/success_mean"
+    assert curves["steps"][-1] == UPDATES * steps_per_update
+    assert set(curves["steps"]) <= {steps_per_update * (k + 1) for k in range(UPDATES)}
+    assert len(curves["iqm"]) == len(curves["ci_low"]) == len(curves["steps"])
+    assert [len(values) for values in curves["per_seed"].values()] == [len(curves["steps"])] * 2
+    assert [entry["final"] for entry in summary["per_seed"]] == line["final"]["per_seed"]
+    assert all(entry["evaluation"]["success"]["episodes"] == 3 for entry in summary["per_seed"])
+
+
+def test_a_second_run_skips_finished_seeds(copy: str) -> None:
+    mtimes = {path: os.path.getmtime(path) for seed in (0, 1) for path in run_files(copy, seed)}
+    result = run_experiment(copy, "0-1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "started" not in result.stdout and "resumed" not in result.stdout
+    assert f"seed 0: skipped: finished earlier (update {UPDATES}/{UPDATES}" in result.stdout
+    assert "seed 1: skipped" in result.stdout
+    assert {path: os.path.getmtime(path) for path in mtimes} == mtimes, "a finished seed was trained again"
+    assert last_json(result)["seeds"] == 2
+
+
+def test_an_unfinished_seed_is_resumed_not_restarted(copy: str) -> None:
+    """Seed 2 is interrupted after its first checkpoint (as tests/test_reliability.py does), then the experiment over
+    seeds 0-2 skips 0 and 1 and continues seed 2 from its checkpoint."""
+    command = [sys.executable, os.path.join(ROOT, "train.py"), "--cpu", f"--config={CONFIG}", f"--run-id={EXPERIMENT}/seed-2"]
+    command += ["--seed=2", *[f"--set={s}" for s in SETS]]
+    env = dict(os.environ, OMP_NUM_THREADS="1")  # as experiment.py's children: tiny models run slower on more threads
+    process = subprocess.Popen(command, cwd=copy, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        for line in process.stdout:
+            if line.startswith("update    1/"):  # printed after the checkpoint of update 1 was written
+                process.send_signal(signal.SIGINT)
+                break
+        process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 130
+    checkpoint = load_file(run_files(copy, 2)[1])
+    stopped_at, summary_dir = checkpoint["update"], checkpoint["summary_dir"]
+    assert 1 <= stopped_at < UPDATES, "the run ended before the SIGINT: nothing left to resume"
+
+    result = run_experiment(copy, "0-2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "seed 0: skipped" in result.stdout and "seed 1: skipped" in result.stdout
+    assert f"seed 2: resumed from update {stopped_at}" in result.stdout and "seed 2: finished" in result.stdout
+    with open(os.path.join(copy, "models", EXPERIMENT, "seed-2", "train.log")) as file:
+        assert f"(update {stopped_at})" in file.read()  # train.py said it continued from the checkpoint
+    with open(os.path.join(copy, "results", EXPERIMENT, "summary.json")) as file:
+        summary = json.load(file)
+    seed_2 = summary["per_seed"][2]
+    assert seed_2["status"] == "resumed" and seed_2["updates"] == UPDATES
+    assert seed_2["summary_dir"] == summary_dir  # the same run's summaries, continued
+    steps, values = summary["curves"]["steps"], summary["curves"]["per_seed"]["2"]
+    after = [value for step, value in zip(steps, values, strict=True) if step > stopped_at * 32]
+    assert after and any(value is not None for value in after)  # the curve goes on after the interruption
+    assert last_json(result)["seeds"] == 3
+
+
+def test_a_failing_seed_is_reported_and_the_others_count(copy: str) -> None:
+    blocker = os.path.join(copy, "models", EXPERIMENT, "seed-2")
+    with open(blocker, "w") as file:  # a file where seed 2's checkpoint folder must go: its train.py fails
+        file.write("in the way")
+    result = run_experiment(copy, "0-2")
+    assert result.returncode == 1
+    assert "seed 2: failed: train.py exited with code 1" in result.stdout
+    line = last_json(result)
+    assert line["seeds"] == 2 and line["failures"] == [2]
+    with open(os.path.join(copy, "results", EXPERIMENT, "summary.json")) as file:
+        summary = json.load(file)
+    assert [failure["seed"] for failure in summary["failures"]] == [2]
+    assert summary["failures"][0]["stage"] == "training"
+    assert summary["finished_seeds"] == [0, 1]
+
+
+def test_plot_overlays_experiments(tiny_experiment: tuple[str, subprocess.CompletedProcess], tmp_path: str) -> None:
+    folder = tiny_experiment[0]
+    other = os.path.join(folder, "results", "other")
+    shutil.copytree(os.path.join(folder, "results", EXPERIMENT), other, dirs_exist_ok=True)
+    command = [sys.executable, os.path.join(ROOT, "plot.py"), f"results/{EXPERIMENT}", "results/other/summary.json"]
+    result = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert os.path.getsize(os.path.join(folder, "results", "compare.png")) > 1000
+    out = os.path.join(tmp_path, "figure.svg")
+    result = subprocess.run([*command, f"--out={out}", "--title=T"], cwd=folder, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and os.path.isfile(out)
+    result = subprocess.run([*command[:2], "results/missing"], cwd=folder, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "does not exist" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "argv,words",
+    [
+        (["--seeds=0-1", "--run-id=x"], ["--config missing"]),
+        ([f"--config={CONFIG}", "--seeds=3-1", "--run-id=x"], ["3-1", "empty"]),
+        ([f"--config={CONFIG}", "--seeds=0,0", "--run-id=x"], ["seed 0 more than once"]),
+        ([f"--config={CONFIG}", "--seeds=a-b", "--run-id=x"], ["range like 0-4"]),
+        ([f"--config={CONFIG}", "--seeds=0", "--run-id=../x"], ["--run-id", "relative"]),
+        ([f"--config={CONFIG}", "--seeds=0", "--run-id=x", "--jobs=0"], ["--jobs", "at least 1"]),
+        ([f"--config={CONFIG}", "--seeds=0", "--run-id=x", "--threshold=high"], ["--threshold", "a number"]),
+        ([f"--config={CONFIG}", "--seeds=0", "--run-id=x", "--set=updatez=3"], ["config error", "updatez"]),
+        ([f"--config={CONFIG}", "--sedes=0", "--run-id=x"], ["did you mean --seeds"]),
+    ],
+    ids=["missing", "empty range", "duplicate", "not a number", "run id", "jobs", "threshold", "bad key", "misspelt"],
+)
+def test_bad_command_lines_stop_before_anything_starts(
+    tmp_path: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, argv: list[str], words: list[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    try:
+        code = experiment.main(argv)
+    except SystemExit as error:  # cli.parse_args exits for flags that do not fit the usage
+        code = error.code
+    stderr = capsys.readouterr().err
+    assert code == 2
+    for word in words:
+        assert word in stderr, stderr
+    assert os.listdir(tmp_path) == []  # nothing started
