@@ -40,6 +40,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from config import load_config, parse_overrides
 from memory import check_memory_path
+from ppo import forward_minibatch
 from trainer import PPOTrainer
 
 
@@ -69,12 +70,16 @@ def count_flops(trainer: PPOTrainer) -> float:
         out = model.step(collector.obs, state)
         model.memory.commit(state, out.record)
     rollout = counter.get_total_flops() / config.n_workers
-    minibatch = next(trainer.buffer.minibatches(config.n_mini_batch, config.sequence_length, torch.Generator()))
+    minibatches = trainer.buffer.minibatches(
+        config.n_mini_batch, config.sequence_length, torch.Generator(), config.minibatch_sampling
+    )
+    minibatch = next(minibatches)
     with FlopCounterMode(display=False) as counter:
-        out = model(minibatch.obs, minibatch.memory)
+        out = forward_minibatch(model, minibatch)
         (out.value.sum() + out.policy.log_prob(minibatch.actions).sum()).backward()
     model.zero_grad(set_to_none=True)
-    samples = minibatch.obs.shape[0] * minibatch.obs.shape[1]
+    # Rows of single steps are padded: the padding's work is part of the cost of the minibatch's real steps.
+    samples = minibatch.obs.shape[0] * minibatch.obs.shape[1] if minibatch.valid is None else int(minibatch.valid.sum())
     train = counter.get_total_flops() / samples * config.epochs
     return (rollout + train) / 1e6
 

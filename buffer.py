@@ -1,11 +1,12 @@
-"""Rollout storage: per-step data, GAE, and minibatches of sequence chunks; the memory's trace rides along.
+"""Rollout storage: per-step data, GAE, and minibatches of sequence chunks or single steps; the memory's trace rides along.
 
 Shape legend (used across the repo):
     N  workers (n_workers)            T  steps per worker and rollout (worker_steps)
     L  memory length (memory_length)  K  transformer blocks (num_blocks)
     D  embed dim (embed_dim)          A  action dimensions
     C  steps per minibatch chunk (sequence_length)     S = C + L - 1 memory slots of a chunk
-    B  chunks in a minibatch
+    B  chunks in a minibatch (single steps: rows, one per worker in the minibatch)
+    M = N * T / n_mini_batch steps in a minibatch of single steps     Q  queries per row (the most steps of one worker)
 
 What the memory keeps of each step (for the TrXL memory: its tokens, in a per-worker trace whose windows are
 ``torch.unfold`` views, see trxl_memory.py) is the memory's own ``MemoryTrace``; the buffer stores it in
@@ -23,7 +24,11 @@ from memory import MemoryTrace
 
 
 class Minibatch(NamedTuple):
-    """B chunks of C consecutive steps, with the memory context of each chunk."""
+    """B chunks of C consecutive steps, with the memory context of each chunk.
+
+    Or, for single steps, B rows of Q steps: row b holds the sampled steps of one worker, padded to Q by repeating
+    the row's first step; ``valid`` marks the real ones.
+    """
 
     obs: torch.Tensor  # (B, C, *obs_shape), images as uint8 levels
     actions: torch.Tensor  # (B, C, A)
@@ -31,7 +36,13 @@ class Minibatch(NamedTuple):
     values: torch.Tensor  # (B, C)
     advantages: torch.Tensor  # (B, C)
     returns: torch.Tensor  # (B, C)
-    memory: object  # what MemoryTrace.chunks gives for these chunks (trxl_memory.TrXLContext for TrXL)
+    memory: object  # what MemoryTrace.chunks (or .single_steps) gives for them (trxl_memory.TrXLContext for TrXL)
+    valid: torch.Tensor | None = None  # (B, Q) False for padding, single steps only; None for chunks (all real)
+
+    @property
+    def single_steps(self) -> bool:
+        """Whether the minibatch holds rows of single steps (``MemoryTrace.single_steps``) rather than chunks."""
+        return self.valid is not None
 
 
 class Buffer:
@@ -114,13 +125,25 @@ class Buffer:
             self.advantages[:, t] = advantage
         self.returns = self.advantages + self.values
 
-    def minibatches(self, n_mini_batch: int, sequence_length: int, generator: torch.Generator) -> Iterator[Minibatch]:
-        """Shuffle the rollout's N * T / C chunks of C consecutive steps and yield them as n_mini_batch minibatches.
+    def minibatches(
+        self, n_mini_batch: int, sequence_length: int, generator: torch.Generator, sampling: str = "chunks"
+    ) -> Iterator[Minibatch]:
+        """Shuffle the rollout and yield it as n_mini_batch minibatches: of chunks, or with ``sampling`` "steps" of
+        single steps (``sequence_length`` is then unused).
 
-        Chunks keep the memory cheap (the TrXL memory projects each trace slot once per chunk, not once per window;
-        a recurrent memory starts each chunk from its stored state) while the minibatches still mix steps from many
-        workers and times.
+        Chunks: the rollout's N * T / C chunks of C consecutive steps are shuffled. Chunks keep the memory cheap (the
+        TrXL memory projects each trace slot once per chunk, not once per window; a recurrent memory starts each chunk
+        from its stored state) while the minibatches still mix steps from many workers and times.
+
+        Steps: all N * T steps are shuffled and cut into minibatches of M = N * T / n_mini_batch, as the reference
+        does. Each minibatch is arranged by worker (``_arrange_steps``), so the memory can serve all of a worker's
+        sampled steps from one pass over its trace.
         """
+        if sampling == "steps":
+            order = torch.randperm(self.n_workers * self.worker_steps, generator=generator).to(self.device)
+            for index in order.chunk(n_mini_batch):
+                yield self._arrange_steps(index)
+            return
         c = sequence_length
         n_chunks = self.worker_steps // c
         order = torch.randperm(self.n_workers * n_chunks, generator=generator).to(self.device)
@@ -132,3 +155,25 @@ class Buffer:
         for index in order.chunk(n_mini_batch):
             worker, chunk = index // n_chunks, index % n_chunks
             yield Minibatch(*(x[worker, chunk] for x in per_step), memory=self.trace.chunks(worker, chunk, c))
+
+    def _arrange_steps(self, index: torch.Tensor) -> Minibatch:
+        """The minibatch of the M steps ``index`` (M,) (flat step numbers worker * T + t), in B rows of Q.
+
+        Row b holds the sampled steps of the b-th worker present, in rollout order, padded to Q (the most steps any
+        worker has here) by repeating the row's first step, so that padded queries compute finite numbers;
+        ``valid`` (B, Q) marks the real ones.
+        """
+        index = index.sort().values  # by worker, then by rollout step
+        worker, time = index // self.worker_steps, index % self.worker_steps  # (M,)
+        workers, counts = torch.unique_consecutive(worker, return_counts=True)  # (B,), (B,)
+        b, q = len(workers), int(counts.max())
+        row = torch.repeat_interleave(torch.arange(b, device=self.device), counts)  # (M,) row of each step
+        first = torch.cumsum(counts, 0) - counts  # (B,) position in index of each row's first step
+        column = torch.arange(len(index), device=self.device) - first[row]  # (M,) place of each step in its row
+        times = time[first].unsqueeze(1).repeat(1, q)  # (B, Q) every place starts as the row's first step
+        times[row, column] = time
+        valid = torch.zeros(b, q, dtype=torch.bool, device=self.device)
+        valid[row, column] = True
+        rows = workers.unsqueeze(1)  # (B, 1)
+        per_step = (self.obs, self.actions, self.log_probs, self.values, self.advantages, self.returns)
+        return Minibatch(*(x[rows, times] for x in per_step), memory=self.trace.single_steps(workers, times), valid=valid)

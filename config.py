@@ -65,6 +65,7 @@ class Config:
     n_workers: int
     worker_steps: int
     n_mini_batch: int
+    minibatch_sampling: str
     sequence_length: int
     value_loss_coefficient: float
     hidden_layer_size: int
@@ -84,6 +85,8 @@ class Config:
         """Plain dict of builtins (for checkpoints); ``validate_config`` reads it back."""
         return asdict(self)
 
+
+MINIBATCH_SAMPLINGS = ("chunks", "steps")  # see buffer.Buffer.minibatches
 
 # key: (type, default, check, meaning). A default of REQUIRED means the key must be given.
 REQUIRED = object()
@@ -140,11 +143,18 @@ SCHEMA: dict[str, tuple] = {
     "n_workers": (int, 16, _POSITIVE, "parallel environments N"),
     "worker_steps": (int, 128, _POSITIVE, "steps per environment per rollout T"),
     "n_mini_batch": (int, 8, _POSITIVE, "minibatches per epoch; N * T / sequence_length must be divisible by it"),
+    "minibatch_sampling": (
+        str,
+        "chunks",
+        ('"chunks" or "steps"', lambda v: v in MINIBATCH_SAMPLINGS),
+        "minibatches of chunks of sequence_length consecutive steps, or of single steps shuffled across the rollout",
+    ),
     "sequence_length": (
         int,
         0,
         _NON_NEGATIVE,
-        "consecutive steps per minibatch chunk (0 = largest divisor of worker_steps <= 128 that fits)",
+        "consecutive steps per minibatch chunk (0 = largest divisor of worker_steps <= 128 that fits); unused with "
+        "minibatch_sampling steps",
     ),
     "value_loss_coefficient": (float, 0.25, _NON_NEGATIVE, "weight of the value loss"),
     "hidden_layer_size": (int, 384, _POSITIVE, "width of the policy and value hidden layers"),
@@ -247,18 +257,26 @@ def validate_config(raw: Any) -> Config:
             f"the batch n_workers * worker_steps = {n * t} is not divisible by 'n_mini_batch' ({m}): "
             "change n_workers, worker_steps or n_mini_batch"
         )
-    if values["sequence_length"] == 0:
-        values["sequence_length"] = auto_sequence_length(n, t, m)
-        if values["sequence_length"] == 0:
-            raise ConfigError(f"no 'sequence_length' splits worker_steps ({t}) into chunks that n_mini_batch ({m}) divides")
-    c = values["sequence_length"]
-    if t % c != 0:
-        raise ConfigError(f"'sequence_length' ({c}) must divide 'worker_steps' ({t}): pick a divisor, or 0 for automatic")
-    if (n * t // c) % m != 0:
+    if values["minibatch_sampling"] == "steps" and transformer.memory_gradients:
         raise ConfigError(
-            f"n_workers * worker_steps / sequence_length = {n * t // c} chunks is not divisible by 'n_mini_batch' ({m}): "
-            "change sequence_length (0 picks one automatically) or n_mini_batch"
+            "'transformer.memory_gradients' is true, which needs minibatches of consecutive steps, but "
+            "'minibatch_sampling' is 'steps': set minibatch_sampling to chunks or transformer.memory_gradients to false"
         )
+    if values["minibatch_sampling"] == "chunks":  # single steps need no chunk length: sequence_length stays unused
+        if values["sequence_length"] == 0:
+            values["sequence_length"] = auto_sequence_length(n, t, m)
+            if values["sequence_length"] == 0:
+                raise ConfigError(
+                    f"no 'sequence_length' splits worker_steps ({t}) into chunks that n_mini_batch ({m}) divides"
+                )
+        c = values["sequence_length"]
+        if t % c != 0:
+            raise ConfigError(f"'sequence_length' ({c}) must divide 'worker_steps' ({t}): pick a divisor, or 0 for automatic")
+        if (n * t // c) % m != 0:
+            raise ConfigError(
+                f"n_workers * worker_steps / sequence_length = {n * t // c} chunks is not divisible by 'n_mini_batch' ({m}): "
+                "change sequence_length (0 picks one automatically) or n_mini_batch"
+            )
     max_steps = episode_limit(environment)  # -1 when unknown or unbounded
     if 0 < max_steps < transformer.memory_length:
         raise ConfigError(

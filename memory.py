@@ -1,6 +1,7 @@
 """The memory seam: everything the trainer, evaluation and enjoy.py know about an agent's memory.
 
-Shapes (legend as in buffer.py): N workers, T steps per rollout, B chunks, C steps per chunk, D embed dim.
+Shapes (legend as in buffer.py): N workers, T steps per rollout, B chunks, C steps per chunk, D embed dim; for
+minibatches of single steps B rows (one per worker) of Q sampled steps.
 
 A memory sits between the observation encoder and the heads. It is used in two ways, through one interface:
 
@@ -19,12 +20,19 @@ Over minibatches of sequence chunks (training), from what the rollout recorded::
     context = trace.chunks(workers, chunks, c)               # (B,) chunk j of worker w covers steps [j c, (j + 1) c)
     out = memory.forward_chunks(h, context)                  # h (B, C, D) -> MemoryOutput, features (B, C, D)
 
-At the rollout's weights ``forward_chunks`` reproduces what ``step`` gave (tests/test_equivalence.py holds every
-memory to it), so PPO's ratios start at 1. A checkpoint keeps ``state.state_dict()`` and ``trace.state_dict()``.
+or over minibatches of single steps shuffled across the rollout (``minibatch_sampling: steps``)::
+
+    context = trace.single_steps(workers, times)             # (B,) workers, (B, Q) rollout step of each query
+    out = memory.forward_steps(h, context)                   # h (B, Q, D) -> MemoryOutput, features (B, Q, D)
+
+At the rollout's weights ``forward_chunks`` and ``forward_steps`` reproduce what ``step`` gave
+(tests/test_equivalence.py and tests/test_step_minibatches.py hold every memory to it), so PPO's ratios start at 1.
+A checkpoint keeps ``state.state_dict()`` and ``trace.state_dict()``.
 
 The episodic TrXL/GTrXL memory (trxl_memory.py) is the first implementation. A recurrent memory keeps its hidden
 state in the state, records the state of each step in its trace, and its context is the hidden state at each chunk's
-start (truncated backpropagation through the chunk); "no memory" returns h as it is. Neither touches the trainer.
+start (truncated backpropagation through the chunk), and for single steps the hidden state before each step (one
+recurrent step from it); "no memory" returns h as it is. Neither touches the trainer.
 """
 
 from __future__ import annotations
@@ -79,6 +87,15 @@ class MemoryTrace(ABC):
     def chunks(self, workers: torch.Tensor, chunks: torch.Tensor, length: int) -> object:
         """The memory context of B chunks: chunk ``chunks[b]`` (steps [j C, (j + 1) C)) of worker ``workers[b]``."""
 
+    def single_steps(self, workers: torch.Tensor, times: torch.Tensor) -> object:
+        """The memory context of B rows of Q single steps: query (b, q) is rollout step ``times[b, q]`` (B, Q) of
+        worker ``workers[b]`` (B,). Rows may be padded by repeating one of the row's steps (``Minibatch.valid``
+        marks the real ones); the outputs of padded queries must be finite, since they are computed and then ignored.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} has no minibatches of single steps yet: use minibatch_sampling chunks"
+        )
+
     @abstractmethod
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Copies (on the CPU) of what ``start_rollout`` carries into the next rollout."""
@@ -118,6 +135,12 @@ class Memory(nn.Module, ABC):
     @abstractmethod
     def forward_chunks(self, h: torch.Tensor, context: object) -> MemoryOutput:
         """Features (B, C, D) of B chunks of C consecutive steps, h (B, C, D), with the context ``trace.chunks`` gave."""
+
+    def forward_steps(self, h: torch.Tensor, context: object) -> MemoryOutput:
+        """Features (B, Q, D) of B rows of Q single steps, h (B, Q, D), with the context ``trace.single_steps`` gave."""
+        raise NotImplementedError(
+            f"{type(self).__name__} has no minibatches of single steps yet: use minibatch_sampling chunks"
+        )
 
     def attention_over_steps(self, state: MemoryState, attention: list[torch.Tensor], row: int = 0) -> list[np.ndarray]:
         """Per block (H, V) attention of worker ``row``'s step over its V visible past steps, oldest first."""

@@ -1,13 +1,14 @@
 """The actor-critic: observation encoder -> memory -> policy and value heads, each a seam of its own.
 
-Shapes (legend as in buffer.py): N workers, B chunks, C steps per chunk, A action dimensions.
+Shapes (legend as in buffer.py): N workers, B chunks, C steps per chunk, A action dimensions; B rows of Q single
+steps for minibatches of single steps.
 
 - encoders.py: one observation becomes one token (images: the reference's CNN; vectors: a linear layer);
 - memory.py: the memory interface, trxl_memory.py its episodic TrXL/GTrXL implementation;
 - heads.py: the action distribution chosen from the action space, and the value head.
 
-The model has the two entry points the memory has: ``step`` for one step per worker (rollouts, evaluation) and
-``forward`` for minibatches of sequence chunks (training).
+The model has the entry points the memory has: ``step`` for one step per worker (rollouts, evaluation), ``forward``
+for minibatches of sequence chunks and ``forward_steps`` for minibatches of single steps (training).
 """
 
 from __future__ import annotations
@@ -81,4 +82,21 @@ class ActorCriticModel(nn.Module):
         """Policy and values (B, C) of B chunks of C consecutive steps, observations (B, C, *obs_shape), with the
         memory context the trace gave for them."""
         out = self.memory.forward_chunks(self.encoder(obs), context)
+        return PolicyOutput(self.policy(out.features), self.value(out.features), out.record, out.attention)
+
+    def forward_steps(self, obs: torch.Tensor, context: object, valid: torch.Tensor | None = None) -> PolicyOutput:
+        """Policy and values (B, Q) of B rows of Q single steps, observations (B, Q, *obs_shape), with the memory
+        context ``trace.single_steps`` gave for them.
+
+        With ``valid`` (B, Q) only the real steps' observations are encoded; the padding's queries get a zero
+        embedding, so their outputs are finite, and meaningless.
+        """
+        if valid is None:
+            h = self.encoder(obs)
+        else:
+            # Rows are padded to the longest (a quarter to a third of a minibatch in the shipped configs), and the
+            # encoder is the costliest per-step part: it sees the M real observations only.
+            encoded = self.encoder(obs[valid].unsqueeze(1))[:, 0]  # (M, D)
+            h = encoded.new_zeros(*valid.shape, encoded.shape[-1]).masked_scatter(valid.unsqueeze(-1), encoded)
+        out = self.memory.forward_steps(h, context)
         return PolicyOutput(self.policy(out.features), self.value(out.features), out.record, out.attention)

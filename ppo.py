@@ -13,7 +13,7 @@ from torch import nn
 
 from buffer import Buffer, Minibatch
 from config import Config
-from model import PolicyOutput
+from model import ActorCriticModel, PolicyOutput
 
 
 class NonFiniteError(RuntimeError):
@@ -26,10 +26,12 @@ def ppo_loss(
     """The clipped PPO objective of one minibatch, as the reference computes it.
 
     Advantages are normalised over the minibatch; the value loss is clipped around the rollout's values with the same
-    range as the policy ratio; the entropy bonus is weighted by ``beta``.
+    range as the policy ratio; the entropy bonus is weighted by ``beta``. In a minibatch of single steps only the
+    valid entries (``minibatch.valid``) count, in the means and in the normalisation: the loss is the one of the M
+    sampled steps alone, and padding gets no gradient.
 
     Args:
-        out: the model's output for the minibatch's (B, C) steps.
+        out: the model's output for the minibatch's (B, C) steps (single steps: (B, Q)).
         minibatch: what the rollout stored for them.
         clip_range: PPO's epsilon.
         beta: entropy coefficient.
@@ -38,16 +40,21 @@ def ppo_loss(
     Returns:
         The loss, and its parts and diagnostics (scalars, no gradient needed).
     """
-    log_probs = out.policy.log_prob(minibatch.actions)  # (B, C)
-    advantages = minibatch.advantages
+    per_step = [out.policy.log_prob(minibatch.actions), out.policy.entropy(), out.value]  # each (B, C)
+    per_step += [minibatch.log_probs, minibatch.values, minibatch.advantages, minibatch.returns]
+    if minibatch.valid is not None:
+        # Keep the M real steps, each (M,), and drop the padding: what follows is then the loss of those steps alone.
+        # Chunks skip this, so that their numbers stay exactly what they were.
+        per_step = [x[minibatch.valid] for x in per_step]
+    log_probs, entropies, values, old_log_probs, old_values, advantages, returns = per_step
     advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-    log_ratio = log_probs - minibatch.log_probs
+    log_ratio = log_probs - old_log_probs
     ratio = log_ratio.exp()
     surrogate = torch.min(ratio * advantages, ratio.clamp(1 - clip_range, 1 + clip_range) * advantages)
     policy_loss = -surrogate.mean()
-    clipped_value = minibatch.values + (out.value - minibatch.values).clamp(-clip_range, clip_range)
-    value_loss = torch.max((out.value - minibatch.returns) ** 2, (clipped_value - minibatch.returns) ** 2).mean()
-    entropy = out.policy.entropy().mean()
+    clipped_value = old_values + (values - old_values).clamp(-clip_range, clip_range)
+    value_loss = torch.max((values - returns) ** 2, (clipped_value - returns) ** 2).mean()
+    entropy = entropies.mean()
     loss = policy_loss + value_coefficient * value_loss - beta * entropy
     with torch.no_grad():
         stats = {
@@ -59,6 +66,14 @@ def ppo_loss(
             "clip_fraction": ((ratio - 1).abs() > clip_range).float().mean(),
         }
     return loss, stats
+
+
+def forward_minibatch(model: ActorCriticModel, minibatch: Minibatch) -> PolicyOutput:
+    """The model's output for a minibatch's (B, C) steps: chunks through ``forward``, single steps through
+    ``forward_steps``."""
+    if minibatch.single_steps:
+        return model.forward_steps(minibatch.obs, minibatch.memory, minibatch.valid)
+    return model(minibatch.obs, minibatch.memory)
 
 
 def clip_gradients(model: nn.Module, max_norm: float) -> tuple[dict[str, float], torch.Tensor]:
@@ -104,7 +119,10 @@ class PPOLearner:
             group["lr"] = learning_rate
         stats: dict[str, list[float]] = defaultdict(list)
         for _ in range(config.epochs):
-            for minibatch in buffer.minibatches(config.n_mini_batch, config.sequence_length, self.generator):
+            minibatches = buffer.minibatches(
+                config.n_mini_batch, config.sequence_length, self.generator, config.minibatch_sampling
+            )
+            for minibatch in minibatches:
                 for key, value in self.train_minibatch(minibatch, clip_range, beta, update).items():
                     stats[key].append(value)
         values, returns = buffer.values.flatten(), buffer.returns.flatten()
@@ -118,7 +136,7 @@ class PPOLearner:
 
     def train_minibatch(self, minibatch: Minibatch, clip_range: float, beta: float, update: int) -> dict[str, float]:
         """One gradient step on one minibatch; returns its losses and diagnostics."""
-        out = self.model(minibatch.obs, minibatch.memory)
+        out = forward_minibatch(self.model, minibatch)
         loss, stats = ppo_loss(out, minibatch, clip_range, beta, self.config.value_loss_coefficient)
         if not torch.isfinite(loss):
             raise NonFiniteError(f"the loss became {loss.item()} in update {update + 1}")

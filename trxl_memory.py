@@ -1,7 +1,8 @@
 """The episodic TrXL/GTrXL memory: where its tokens live, which of them each step sees, and the three ways to run it.
 
 Shapes (legend as in buffer.py): N workers, T rollout steps, L memory length, K blocks, D embed dim, H heads,
-d head width, B chunks, C steps per chunk, S = C + L - 1 slots of a chunk.
+d head width, B chunks, C steps per chunk, S = C + L - 1 slots of a chunk; for minibatches of single steps B rows
+(workers) of Q sampled steps each.
 
 A memory token of a step is the K block inputs of that step, (K, D). At episode step t a step attends to the L most
 recent tokens of its episode, steps [max(0, t - L), t). ``EpisodicLayout`` is the one place that knows where those
@@ -28,9 +29,14 @@ initial padding, episode id -1) are masked. L = 4, an episode starting at slot 4
 A chunk of C consecutive steps j C .. j C + C - 1 uses the S = C + L - 1 trace slots [j C, j C + S): L carried-in
 slots, then the tokens of the chunk's steps 0 .. C - 2; query q's window is the band [q, q + L) (``band_mask``).
 
-Three paths, equal in their numbers (tests/test_equivalence.py):
+A minibatch of single steps sampled across the rollout (``minibatch_sampling: steps``) has one row per worker in it:
+that worker's whole trace, L + T slots, and its Q sampled steps as queries; the query of rollout step t sees the
+window [t, t + L) of the row's slots (``window_mask``), wherever in the rollout t lies.
+
+Three paths, equal in their numbers (tests/test_equivalence.py, tests/test_step_minibatches.py):
 - fast: rollouts cache every token's keys and values when it is written (a step costs O(D^2 + L D)); training
-  projects each of a chunk's S slots once and lets the C queries attend to their bands in one call;
+  projects each of a chunk's S slots once and lets the C queries attend to their bands in one call (single steps:
+  each row's L + T slots once, its Q queries attend to their windows in one call);
 - plain, the executable specification: every step projects its own window, O(L D^2);
 - fast with ``memory_gradients``: training recomputes the slots of the chunk's own steps in the same pass, with
   gradient, as Transformer-XL trains on segments.
@@ -46,6 +52,26 @@ import torch
 from config import TransformerConfig
 from memory import Memory, MemoryOutput, MemoryState, MemoryTrace
 from transformer import Transformer
+
+
+def window_mask(
+    key_episodes: torch.Tensor, query_episodes: torch.Tensor, starts: torch.Tensor, memory_length: int
+) -> torch.Tensor:
+    """Which memory slots each query may attend to: the slots of its window [start, start + L) of its own episode.
+
+    Args:
+        key_episodes: (B, S) episode id of each memory slot (-1 for padding, which nothing sees).
+        query_episodes: (B, Q) episode id of each query step.
+        starts: (B, Q) or (1, Q) first slot of each query's window.
+        memory_length: L.
+
+    Returns:
+        (B, Q, S) boolean mask.
+    """
+    slot = torch.arange(key_episodes.shape[1], device=key_episodes.device)  # (S,)
+    first = starts.unsqueeze(2)  # (B, Q, 1)
+    band = (slot >= first) & (slot < first + memory_length)  # (B, Q, S)
+    return band & (key_episodes.unsqueeze(1) == query_episodes.unsqueeze(2))
 
 
 def band_mask(key_episodes: torch.Tensor, query_episodes: torch.Tensor, memory_length: int) -> torch.Tensor:
@@ -70,11 +96,8 @@ def band_mask(key_episodes: torch.Tensor, query_episodes: torch.Tensor, memory_l
     Returns:
         (B, C, S) boolean mask.
     """
-    c, s = query_episodes.shape[1], key_episodes.shape[1]
-    query = torch.arange(c, device=key_episodes.device).unsqueeze(1)
-    slot = torch.arange(s, device=key_episodes.device).unsqueeze(0)
-    band = (slot >= query) & (slot < query + memory_length)  # (C, S)
-    return band & (key_episodes.unsqueeze(1) == query_episodes.unsqueeze(2))
+    starts = torch.arange(query_episodes.shape[1], device=key_episodes.device).unsqueeze(0)  # (1, C): query q at slot q
+    return window_mask(key_episodes, query_episodes, starts, memory_length)
 
 
 def ring_mask(episode_steps: torch.Tensor, memory_length: int) -> torch.Tensor:
@@ -105,9 +128,13 @@ class EpisodicLayout:
         visible = min(episode_step, self.length)
         return np.arange(episode_step - visible, episode_step) % self.length
 
-    def trace_slot(self, t: int) -> int:
-        """Trace slot of rollout step t's own token: after the L carried-in slots."""
+    def trace_slot(self, t: int | torch.Tensor) -> int | torch.Tensor:
+        """Trace slot of rollout step t's own token (t an int or a tensor of steps): after the L carried-in slots."""
         return self.length + t
+
+    def window_start(self, t: int | torch.Tensor) -> int | torch.Tensor:
+        """First trace slot of rollout step t's window [t, t + L): the L slots just before its own token."""
+        return t
 
     def windows(self, field: torch.Tensor) -> torch.Tensor:
         """Every step's window of a trace field (N, L + T, ...) as a view (N, T + 1, ..., L); index T is the window of
@@ -134,6 +161,25 @@ class EpisodicLayout:
         """Leading slots of a chunk carried in from before it; the rest hold the chunk's own steps 0 .. C - 2."""
         return self.length
 
+    def step_mask(self, key_episodes: torch.Tensor, times: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mask of single steps over their worker's whole trace.
+
+        Args:
+            key_episodes: (B, L + T) episode id of each trace slot of the row's worker.
+            times: (B, Q) rollout step of each query.
+
+        Returns:
+            (B, Q, L + T) mask: query (b, q) sees the slots of its window [t, t + L) of its own episode;
+            (B, Q) episode id of each query (that of its own token's slot).
+        """
+        query_episodes = key_episodes.gather(1, self.trace_slot(times))
+        return window_mask(key_episodes, query_episodes, self.window_start(times), self.length), query_episodes
+
+    def step_windows(self, field: torch.Tensor, times: torch.Tensor) -> torch.Tensor:
+        """(B, Q, ..., L) windows of single steps at rollout steps ``times`` (B, Q), from trace rows (B, L + T, ...)."""
+        rows = torch.arange(field.shape[0], device=field.device).unsqueeze(1)  # (B, 1)
+        return self.windows(field)[rows, self.window_start(times)]
+
 
 class TrXLRecord(NamedTuple):
     """What the trace keeps of n steps."""
@@ -144,12 +190,17 @@ class TrXLRecord(NamedTuple):
 
 
 class TrXLContext(NamedTuple):
-    """The memory of B chunks of C steps: their S = C + L - 1 trace slots."""
+    """The memory of B chunks of C steps: their S = C + L - 1 trace slots.
+
+    For B rows of Q single steps (``TrXLTrace.single_steps``) the same fields hold each row's whole trace,
+    S = L + T slots, with C read as Q, and ``starts`` says where each query's window begins.
+    """
 
     memory: torch.Tensor  # (B, S, K, D) memory tokens, no gradient
     steps: torch.Tensor  # (B, S) episode step of each slot
-    mask: torch.Tensor  # (B, C, S) which slots each step sees (band_mask)
+    mask: torch.Tensor  # (B, C, S) which slots each step sees (band_mask, or window_mask for single steps)
     windows_visible: torch.Tensor  # (B, C, L) the same per step window (for the plain path)
+    starts: torch.Tensor | None = None  # (B, Q) first slot of each single step's window; None for chunks (slot q)
 
 
 class TrXLState(MemoryState):
@@ -228,6 +279,24 @@ class TrXLTrace(MemoryTrace):
             steps=layout.chunk_slots(self.steps, length)[workers, chunks],
             mask=layout.band_mask(keys, queries),
             windows_visible=layout.chunk_windows(keys) == queries.unsqueeze(2),  # (B, C, L)
+        )
+
+    def single_steps(self, workers: torch.Tensor, times: torch.Tensor) -> TrXLContext:
+        """The memory of B rows of Q single steps: row b holds worker ``workers[b]``'s whole trace (L + T slots,
+        gathered once for all its queries), and query (b, q) is its rollout step ``times[b, q]``.
+
+        Args:
+            workers: (B,) the worker of each row.
+            times: (B, Q) rollout step of each query (padding repeats one of the row's steps).
+        """
+        episodes = self.episodes[workers]  # (B, L + T)
+        mask, query_episodes = self.layout.step_mask(episodes, times)
+        return TrXLContext(
+            memory=self.trace[workers],  # (B, L + T, K, D)
+            steps=self.steps[workers],
+            mask=mask,
+            windows_visible=self.layout.step_windows(episodes, times) == query_episodes.unsqueeze(2),  # (B, Q, L)
+            starts=self.layout.window_start(times),
         )
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -322,6 +391,28 @@ class TrXLMemory(Memory):
             out = self.forward_windows(h.reshape(b * c, -1), windows, steps, visible)
             return MemoryOutput(out.features.view(b, c, -1), out.record.view(b, c, *out.record.shape[1:]), None)
         return MemoryOutput(out, tokens, None)
+
+    def forward_steps(self, h: torch.Tensor, context: TrXLContext) -> MemoryOutput:
+        """Features (B, Q, D) of B rows of Q single steps, h (B, Q, D), with the context ``trace.single_steps`` gave.
+
+        Fast: each row's L + T trace slots are projected once and its Q queries attend to their windows in one call
+        per block. Plain: every step's window is cut out of the trace and projected on its own.
+        """
+        if self.config.memory_gradients:
+            raise ValueError(
+                "'transformer.memory_gradients' needs minibatches of consecutive steps: use minibatch_sampling chunks"
+            )
+        if self.path == "fast":
+            out, tokens, _ = self.transformer(h, self.transformer.project_memory(context.memory, context.steps), context.mask)
+            return MemoryOutput(out, tokens, None)
+        b, q = h.shape[:2]
+        length = self.layout.length
+        windows = self.layout.step_windows(context.memory, context.starts)  # (B, Q, K, D, L)
+        windows = windows.permute(0, 1, 4, 2, 3).reshape(b * q, length, *windows.shape[2:4])  # (B Q, L, K, D)
+        steps = self.layout.step_windows(context.steps, context.starts).reshape(b * q, length)  # (B Q, L)
+        visible = context.windows_visible.reshape(b * q, length)  # (B Q, L)
+        out = self.forward_windows(h.reshape(b * q, -1), windows, steps, visible)
+        return MemoryOutput(out.features.view(b, q, -1), out.record.view(b, q, *out.record.shape[1:]), None)
 
     def _chunk_source(self, context: TrXLContext):
         """Keys and values with gradients into the memory of the chunk's own steps (``transformer.memory_gradients``).
