@@ -14,8 +14,9 @@ import pytest
 import torch
 from conftest import small_config
 
-from buffer import Buffer
-from model import ActorCriticModel
+from buffer import Buffer, Minibatch
+from model import ActorCriticModel, PolicyOutput
+from ppo import forward_minibatch
 
 OPTIONS = list(itertools.product(["", "relative", "learned"], ["", "pre", "post"], [False, True]))
 N, T, L, OBS = 3, 12, 5, 4
@@ -57,6 +58,33 @@ def rollouts(model: ActorCriticModel, n_rollouts: int = 3, seed: int = 0) -> tup
     return buffer, outputs
 
 
+def compare_paths(
+    models: dict[str, ActorCriticModel], minibatch: Minibatch, valid: torch.Tensor | None = None
+) -> tuple[PolicyOutput, torch.Tensor, PolicyOutput, torch.Tensor]:
+    """Run the minibatch through the fast and the plain model (same weights) and assert that logits, values, tokens and
+    gradients agree; the loss counts the ``valid`` (B, C) entries (all by default). Returns each path's output and
+    log-probabilities."""
+    results = {}
+    for path, model in models.items():
+        model.zero_grad()
+        out = forward_minibatch(model, minibatch)
+        log_probs = out.policy.log_prob(minibatch.actions)
+        mask = torch.ones_like(log_probs, dtype=torch.bool) if valid is None else valid
+        (out.value[mask].square().sum() + log_probs[mask].sum()).backward()
+        grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+        results[path] = (out, log_probs, grads)
+    (fast, fast_lp, fast_grads), (plain, plain_lp, plain_grads) = results["fast"], results["plain"]
+    for a, b in zip(fast.policy.logits, plain.policy.logits, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fast.value, plain.value, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fast_lp, plain_lp, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fast.record, plain.record, rtol=1e-5, atol=1e-5)  # the tokens of the steps
+    assert fast_grads.keys() == plain_grads.keys()
+    for name in fast_grads:
+        torch.testing.assert_close(fast_grads[name], plain_grads[name], rtol=1e-4, atol=1e-5, msg=name)
+    return fast, fast_lp, plain, plain_lp
+
+
 @pytest.mark.parametrize("positional_encoding,layer_norm,gtrxl", OPTIONS)
 def test_rollout_cache_equals_plain_and_trace_windows(positional_encoding: str, layer_norm: str, gtrxl: bool) -> None:
     model = make_model(positional_encoding, layer_norm, gtrxl)
@@ -84,23 +112,7 @@ def test_training_fast_path_equals_plain(positional_encoding: str, layer_norm: s
     buffer, _ = rollouts(models["fast"])
     assert (buffer.trace.steps[:, L:] == 0).any(), "the data must contain empty-memory steps"
     for minibatch in buffer.minibatches(3, 4, torch.Generator().manual_seed(0)):
-        results = {}
-        for path, model in models.items():
-            model.zero_grad()
-            out = model(minibatch.obs, minibatch.memory)
-            log_probs = out.policy.log_prob(minibatch.actions)
-            (out.value.square().sum() + log_probs.sum()).backward()
-            grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-            results[path] = (out, log_probs, grads)
-        (fast, fast_lp, fast_grads), (plain, plain_lp, plain_grads) = results["fast"], results["plain"]
-        for a, b in zip(fast.policy.logits, plain.policy.logits, strict=True):
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(fast.value, plain.value, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(fast_lp, plain_lp, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(fast.record, plain.record, rtol=1e-5, atol=1e-5)  # the tokens of the steps
-        assert fast_grads.keys() == plain_grads.keys()
-        for name in fast_grads:
-            torch.testing.assert_close(fast_grads[name], plain_grads[name], rtol=1e-4, atol=1e-5, msg=name)
+        fast, fast_lp, plain, plain_lp = compare_paths(models, minibatch)
         # Same weights as in the rollout: training recomputes exactly what the rollout saw.
         torch.testing.assert_close(fast.value.detach(), minibatch.values, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(fast_lp.detach(), minibatch.log_probs, rtol=1e-5, atol=1e-5)

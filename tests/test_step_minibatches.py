@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import small_config
-from test_equivalence import OPTIONS, L, N, T, make_model, rollouts
+from test_equivalence import OPTIONS, L, N, T, compare_paths, make_model, rollouts
 
 from buffer import Buffer, Minibatch
 from config import ConfigError
@@ -43,22 +43,7 @@ def test_fast_path_equals_plain_and_reproduces_the_rollout(positional_encoding: 
         padded |= bool((~valid).any())
         # A step of an episode that began in an earlier rollout sees slots carried in from before this one.
         seen_carried |= bool(minibatch.memory.mask[..., :L].any())
-        results = {}
-        for path, model in models.items():
-            model.zero_grad()
-            out = forward_minibatch(model, minibatch)
-            log_probs = out.policy.log_prob(minibatch.actions)
-            (out.value[valid].square().sum() + log_probs[valid].sum()).backward()
-            grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-            results[path] = (out, log_probs, grads)
-        (fast, fast_lp, fast_grads), (plain, plain_lp, plain_grads) = results["fast"], results["plain"]
-        for a, b in zip(fast.policy.logits, plain.policy.logits, strict=True):
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(fast.value, plain.value, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(fast.record, plain.record, rtol=1e-5, atol=1e-5)  # the tokens of the steps
-        assert fast_grads.keys() == plain_grads.keys()
-        for name in fast_grads:
-            torch.testing.assert_close(fast_grads[name], plain_grads[name], rtol=1e-4, atol=1e-5, msg=name)
+        fast, fast_lp, plain, plain_lp = compare_paths(models, minibatch, valid)
         # Same weights as in the rollout: every sampled step gets exactly what the rollout computed for it.
         for out, log_probs in ((fast, fast_lp), (plain, plain_lp)):
             torch.testing.assert_close(out.value.detach()[valid], minibatch.values[valid], rtol=1e-5, atol=1e-5)
