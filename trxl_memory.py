@@ -51,7 +51,7 @@ import torch
 
 from config import TransformerConfig
 from memory import Memory, MemoryOutput, MemoryState, MemoryTrace
-from transformer import Transformer
+from transformer import KeyValueSource, Transformer
 
 
 def window_mask(
@@ -414,7 +414,7 @@ class TrXLMemory(Memory):
         out = self.forward_windows(h.reshape(b * q, -1), windows, steps, visible)
         return MemoryOutput(out.features.view(b, q, -1), out.record.view(b, q, *out.record.shape[1:]), None)
 
-    def _chunk_source(self, context: TrXLContext):
+    def _chunk_source(self, context: TrXLContext) -> KeyValueSource:
         """Keys and values with gradients into the memory of the chunk's own steps (``transformer.memory_gradients``).
 
         Attending to tokens made by the rollout, the observation encoder never learns from a step being useful
