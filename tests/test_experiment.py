@@ -21,6 +21,7 @@ SETS = [
     f"updates={UPDATES}",
     "n_workers=2",
     "worker_steps=16",
+    "sequence_length=0",  # the automatic choice, whatever the config sets: 2 x 16 steps must still fill 8 minibatches
     "eval_interval=0",
     "checkpoint_interval=1",  # the same in every run of an experiment: the resumed seed needs it (below)
     "transformer.embed_dim=16",
