@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from aggregation import interquartile_mean
+from aggregation import bootstrap_ci, interquartile_mean, mean
 from config import Config
 from environments import create_env
 from model import ActorCriticModel
@@ -82,16 +82,15 @@ def evaluate(
 
 def summarize(results: list[dict[str, float]], resamples: int = 2000, seed: int = 0) -> dict[str, dict[str, float]]:
     """Per metric: mean, IQM and a 95% percentile-bootstrap confidence interval of the mean."""
-    rng = np.random.default_rng(seed)
     summary = {}
     for key in sorted({key for result in results for key in result}):
         values = np.array([result[key] for result in results if key in result], dtype=np.float64)
-        means = rng.choice(values, size=(resamples, len(values)), replace=True).mean(axis=1)
+        ci_low, ci_high = bootstrap_ci(values, mean, resamples, seed=seed)
         summary[key] = {
             "mean": float(values.mean()),
             "iqm": interquartile_mean(values),
-            "ci_low": float(np.percentile(means, 2.5)),
-            "ci_high": float(np.percentile(means, 97.5)),
+            "ci_low": ci_low,
+            "ci_high": ci_high,
             "episodes": len(values),
         }
     return summary

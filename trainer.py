@@ -22,14 +22,14 @@ from checkpoint import Progress, atomic_save, restore_training, save_model, snap
 from config import Config
 from evaluation import evaluate
 from figures import attention_frame
-from memory import MEMORY_PATHS, check_memory_path
+from memory import check_memory_path
 from model import ActorCriticModel
 from ppo import NonFiniteError, PPOLearner
 from rollout import RolloutCollector, RolloutStats
 from summaries import Summaries, console_line
 from worker import WorkerError, Workers
 
-__all__ = ["MEMORY_PATHS", "PPOTrainer", "TrainingStopped", "check_memory_path"]
+__all__ = ["PPOTrainer", "TrainingStopped", "check_memory_path"]
 
 EVALUATION_SEED = 0  # every training-time evaluation plays the same unseen episodes, so its curve compares like with like
 
