@@ -19,6 +19,11 @@ Options:
 Seed k runs `python train.py --config=<path> --run-id=<id>/seed-k --seed=k --set=...` (models/<id>/seed-k.nn,
 models/<id>/seed-k/checkpoint.pt, summaries/<id>/seed-k/<time>/). Running the same command again skips the finished
 seeds and resumes the unfinished ones from their checkpoints.
+
+Each finished and evaluated seed also leaves a small record, results/<id>/seed-k.json: its config, counters,
+evaluation episodes and training curves. Commit it with the results: on a machine without models/ and summaries/
+(a new clone, another session) the same command counts that seed as finished from its record and trains only the
+seeds that have none, so a long experiment can be spread over several sessions.
 """
 
 from __future__ import annotations
@@ -70,7 +75,8 @@ class Seed:
     last_line: str = ""
     started: float = 0.0
     evaluation: list[dict[str, float]] = field(default_factory=list)
-    checkpoint: dict | None = None
+    checkpoint: dict | None = None  # the finished run's config, summary_dir, update and env_steps (or its record's)
+    record: dict | None = None  # results/<id>/seed-k.json, once written or read
 
     @property
     def model_path(self) -> str:
@@ -79,6 +85,10 @@ class Seed:
     @property
     def checkpoint_path(self) -> str:
         return os.path.join(MODELS_DIR, self.run_id, "checkpoint.pt")
+
+    @property
+    def record_path(self) -> str:
+        return os.path.join(RESULTS_DIR, f"{self.run_id}.json")
 
     @property
     def log_path(self) -> str:
@@ -148,8 +158,53 @@ def config_changes(saved: dict, wanted: dict) -> list[str]:
     return [f"{key} {old.get(key)!r} -> {new.get(key)!r}" for key in keys if old.get(key) != new.get(key)]
 
 
+RECORD_TAGS = ("episode/reward_mean", "episode/success_mean", "episode/length_mean")  # curves a seed's record keeps
+
+
+def read_record(run: Seed) -> dict | None:
+    """The seed's record results/<id>/seed-k.json, or None where there is none."""
+    if not os.path.isfile(run.record_path):
+        return None
+    try:
+        with open(run.record_path) as file:
+            record = json.load(file)
+        if not all(key in record for key in ("config", "summary_dir", "update", "env_steps", "evaluation", "curves")):
+            raise ValueError("keys are missing")
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{run.record_path} cannot be read ({error}): remove it to train seed {run.seed} again") from None
+    return record
+
+
+def write_record(run: Seed, episodes: int) -> None:
+    """Write what the summary needs of a finished, evaluated seed to results/<id>/seed-k.json (small, to commit)."""
+    if not reusable_evaluation(run, episodes):  # a new record; an up-to-date one is written back as it is
+        summary_dir = run.checkpoint["summary_dir"]
+        run.record = {
+            "seed": run.seed,
+            "config": run.checkpoint["config"],
+            "summary_dir": summary_dir,
+            "update": run.checkpoint["update"],
+            "env_steps": run.checkpoint["env_steps"],
+            "eval_episodes": episodes,
+            "evaluation_seed": EVALUATION_SEED,
+            "evaluation": run.evaluation,
+            "curves": {tag: [[step, value] for step, value in read_scalars(summary_dir, tag).items()] for tag in RECORD_TAGS},
+        }
+    os.makedirs(os.path.dirname(run.record_path), exist_ok=True)
+    with open(run.record_path, "w") as file:
+        json.dump(run.record, file)
+
+
 def plan(run: Seed, config: dict) -> None:
     """Decide from the files on disk whether ``run`` is new, to be resumed, finished, or cannot go on."""
+    try:
+        run.record = read_record(run)
+    except ValueError as error:
+        run.fail("plan", str(error))
+        return
+    if run.record is not None and not os.path.exists(run.checkpoint_path):
+        check_finished(run, run.record, run.record_path, config)
+        return
     if not os.path.exists(run.checkpoint_path):
         if os.path.exists(run.model_path):
             run.fail("plan", f"{run.model_path} exists without its checkpoint: remove it or choose another --run-id")
@@ -159,19 +214,32 @@ def plan(run: Seed, config: dict) -> None:
     except (OSError, ValueError) as error:
         run.fail("plan", str(error))
         return
-    changes = config_changes(checkpoint["config"], config)
+    check_finished(run, checkpoint, run.checkpoint_path, config)
+
+
+def check_finished(run: Seed, saved: dict, path: str, config: dict) -> None:
+    """Decide from a checkpoint or record ``saved`` (read from ``path``) whether ``run`` is finished, to be resumed (a
+    checkpoint only), or cannot go on (another config, or more updates than the experiment's)."""
+    what = "record" if path == run.record_path else "checkpoint"
+    changes = config_changes(saved["config"], config)
     if changes:
         run.fail(
             "plan",
-            f"its checkpoint {run.checkpoint_path} was trained with another config ({'; '.join(changes)}): "
+            f"its {what} {path} was trained with another config ({'; '.join(changes)}): "
             "run the experiment with the same config and --set, or choose another --run-id",
         )
         return
-    run.start_update = checkpoint["update"]
-    if checkpoint["update"] > config["updates"]:
-        run.fail("plan", f"its checkpoint holds update {checkpoint['update']}, beyond updates = {config['updates']}")
-    elif checkpoint["update"] == config["updates"]:
-        run.action, run.checkpoint = "finished", checkpoint
+    run.start_update = saved["update"]
+    if saved["update"] > config["updates"]:
+        run.fail("plan", f"its {what} holds update {saved['update']}, beyond updates = {config['updates']}")
+    elif saved["update"] == config["updates"]:
+        run.action, run.checkpoint = "finished", saved
+    elif what == "record":
+        run.fail(
+            "plan",
+            f"its record {path} holds update {saved['update']} of {config['updates']}, and its checkpoint "
+            f"{run.checkpoint_path} is gone: remove the record to train seed {run.seed} again",
+        )
     else:
         run.action = "resume"
 
@@ -313,10 +381,34 @@ def stop(running: list[Seed]) -> None:
         signal.signal(signal.SIGINT, previous)
 
 
+def reusable_evaluation(run: Seed, episodes: int) -> bool:
+    """Whether the seed's record holds the evaluation asked for, of the very model the seed's training ended with."""
+    record = run.record
+    return (
+        record is not None
+        and record["eval_episodes"] == episodes
+        and record["evaluation_seed"] == EVALUATION_SEED
+        and record["summary_dir"] == run.checkpoint["summary_dir"]
+        and record["update"] == run.checkpoint["update"]
+    )
+
+
 def evaluate_seed(run: Seed, episodes: int, device: torch.device) -> None:
     """Evaluate a finished seed's final model on ``episodes`` unseen episodes (its checkpoint's weights where the
-    model file is missing: a run killed between writing the two)."""
+    model file is missing: a run killed between writing the two), or take the evaluation from its record where that
+    holds the same episodes and the model's training did not change since."""
+    record = run.record
+    if reusable_evaluation(run, episodes):
+        run.evaluation = record["evaluation"]
+        return
     path = run.model_path if os.path.isfile(run.model_path) else run.checkpoint_path
+    if not os.path.isfile(path):
+        run.fail(
+            "evaluation",
+            f"its record {run.record_path} holds {record['eval_episodes']} evaluation episodes and its model is gone: "
+            f"use --eval-episodes {record['eval_episodes']}, or remove the record to train seed {run.seed} again",
+        )
+        return
     try:
         model, config = load_model(path, device)
         run.evaluation = evaluate(model, config, device, episodes, seed=EVALUATION_SEED)
@@ -348,9 +440,9 @@ def curves(runs: list[Seed], metric: str) -> tuple[list[int], np.ndarray]:
     tag = f"episode/{metric}_mean"
     scalars = []
     for run in runs:
-        scalars.append(read_scalars(run.checkpoint["summary_dir"], tag))
+        scalars.append({step: value for step, value in run.record["curves"].get(tag, [])})
         if not scalars[-1]:
-            print(f"note: seed {run.seed} has no '{tag}' in {run.checkpoint['summary_dir']}", file=sys.stderr)
+            print(f"note: seed {run.seed} has no '{tag}' in {run.record_path}", file=sys.stderr)
     steps = sorted({step for series in scalars for step in series})
     values = np.array([[series.get(step, np.nan) for step in steps] for series in scalars], dtype=np.float64)
     return steps, values.reshape(len(runs), len(steps))
@@ -468,7 +560,8 @@ def main(argv: list[str] | None = None) -> int:
         plan(run, wanted)
         if run.action == "finished":
             run.status = "skipped"
-            say(run, f"skipped: finished earlier (update {run.start_update}/{config.updates}, {run.checkpoint_path})")
+            source = run.checkpoint_path if os.path.exists(run.checkpoint_path) else run.record_path
+            say(run, f"skipped: finished earlier (update {run.start_update}/{config.updates}, {source})")
         elif run.action == "failed":
             say(run, f"cannot run: {run.reason}")
 
@@ -478,8 +571,16 @@ def main(argv: list[str] | None = None) -> int:
         finished = [run for run in runs if run.action == "finished"]
         device = torch.device("cuda" if torch.cuda.is_available() and not args["--cpu"] else "cpu")
         for run in finished:
-            print(f"seed {run.seed}: evaluating {episodes} unseen episodes ...", end="", flush=True)
+            reused = reusable_evaluation(run, episodes)
+            print(
+                f"seed {run.seed}: "
+                + (f"evaluation from {run.record_path}:" if reused else f"evaluating {episodes} unseen episodes ..."),
+                end="",
+                flush=True,
+            )
             evaluate_seed(run, episodes, device)
+            if run.action != "failed":
+                write_record(run, episodes)
             shown = "  ".join(
                 f"{key} {np.mean([result[key] for result in run.evaluation]):.3f}"
                 for key in ("reward", "success")

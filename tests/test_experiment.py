@@ -105,6 +105,39 @@ def test_a_second_run_skips_finished_seeds(copy: str) -> None:
     assert last_json(result)["seeds"] == 2
 
 
+def test_records_let_a_folder_without_models_and_summaries_skip_finished_seeds(
+    tiny_experiment: tuple[str, subprocess.CompletedProcess], copy: str
+) -> None:
+    """As on a new clone with the committed results/: the seeds count from their records, nothing is trained or
+    evaluated again, and the summary is the same."""
+    for seed in (0, 1):
+        assert os.path.isfile(os.path.join(copy, "results", EXPERIMENT, f"seed-{seed}.json"))
+    shutil.rmtree(os.path.join(copy, "models"))
+    shutil.rmtree(os.path.join(copy, "summaries"))
+    result = run_experiment(copy, "0-1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "started" not in result.stdout and "evaluating" not in result.stdout
+    assert f"seed 0: skipped: finished earlier (update {UPDATES}/{UPDATES}, results/{EXPERIMENT}/seed-0.json)" in result.stdout
+    assert f"seed 1: evaluation from results/{EXPERIMENT}/seed-1.json" in result.stdout
+    assert not os.path.exists(os.path.join(copy, "models"))
+    with open(os.path.join(tiny_experiment[0], "results", EXPERIMENT, "summary.json")) as file:
+        before = json.load(file)
+    with open(os.path.join(copy, "results", EXPERIMENT, "summary.json")) as file:
+        after = json.load(file)
+    assert after["final"] == before["final"] and after["curves"] == before["curves"]
+    assert [entry["status"] for entry in after["per_seed"]] == ["skipped", "skipped"]
+
+
+def test_a_record_of_another_config_is_refused(copy: str) -> None:
+    shutil.rmtree(os.path.join(copy, "models"))
+    command = [sys.executable, os.path.join(ROOT, "experiment.py"), f"--config={CONFIG}", "--seeds=0", "--cpu"]
+    command += [f"--run-id={EXPERIMENT}", *[f"--set={s}" for s in SETS], "--set=gamma=0.9"]
+    result = subprocess.run(command, cwd=copy, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert f"seed 0: cannot run: its record results/{EXPERIMENT}/seed-0.json was trained with another config" in result.stdout
+    assert "gamma 0.99 -> 0.9" in result.stdout
+
+
 def test_an_unfinished_seed_is_resumed_not_restarted(copy: str) -> None:
     """Seed 2 is interrupted after its first checkpoint (as tests/test_reliability.py does), then the experiment over
     seeds 0-2 skips 0 and 1 and continues seed 2 from its checkpoint."""
