@@ -67,6 +67,7 @@ class Config:
     n_mini_batch: int
     minibatch_sampling: str
     sequence_length: int
+    normalize_advantages: bool
     value_loss_coefficient: float
     hidden_layer_size: int
     max_grad_norm: float
@@ -155,6 +156,13 @@ SCHEMA: dict[str, tuple] = {
         _NON_NEGATIVE,
         "consecutive steps per minibatch chunk (0 = largest divisor of worker_steps <= 128 that fits); unused with "
         "minibatch_sampling steps",
+    ),
+    "normalize_advantages": (
+        bool,
+        True,
+        None,
+        "normalise the advantages over each minibatch (mean 0, std 1) as the reference does; false uses them as GAE "
+        "gives them",
     ),
     "value_loss_coefficient": (float, 0.25, _NON_NEGATIVE, "weight of the value loss"),
     "hidden_layer_size": (int, 384, _POSITIVE, "width of the policy and value hidden layers"),

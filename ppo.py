@@ -21,14 +21,19 @@ class NonFiniteError(RuntimeError):
 
 
 def ppo_loss(
-    out: PolicyOutput, minibatch: Minibatch, clip_range: float, beta: float, value_coefficient: float
+    out: PolicyOutput,
+    minibatch: Minibatch,
+    clip_range: float,
+    beta: float,
+    value_coefficient: float,
+    normalize_advantages: bool = True,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The clipped PPO objective of one minibatch, as the reference computes it.
 
-    Advantages are normalised over the minibatch; the value loss is clipped around the rollout's values with the same
-    range as the policy ratio; the entropy bonus is weighted by ``beta``. In a minibatch of single steps only the
-    valid entries (``minibatch.valid``) count, in the means and in the normalisation: the loss is the one of the M
-    sampled steps alone, and padding gets no gradient.
+    Advantages are normalised over the minibatch (unless ``normalize_advantages`` is false); the value loss is
+    clipped around the rollout's values with the same range as the policy ratio; the entropy bonus is weighted by
+    ``beta``. In a minibatch of single steps only the valid entries (``minibatch.valid``) count, in the means and in
+    the normalisation: the loss is the one of the M sampled steps alone, and padding gets no gradient.
 
     Args:
         out: the model's output for the minibatch's (B, C) steps (single steps: (B, Q)).
@@ -36,6 +41,7 @@ def ppo_loss(
         clip_range: PPO's epsilon.
         beta: entropy coefficient.
         value_coefficient: weight of the value loss.
+        normalize_advantages: scale the advantages to mean 0 and std 1 over the minibatch, as the reference does.
 
     Returns:
         The loss, and its parts and diagnostics (scalars, no gradient needed).
@@ -47,7 +53,8 @@ def ppo_loss(
         # Chunks skip this, so that their numbers stay exactly what they were.
         per_step = [x[minibatch.valid] for x in per_step]
     log_probs, entropies, values, old_log_probs, old_values, advantages, returns = per_step
-    advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    if normalize_advantages:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
     log_ratio = log_probs - old_log_probs
     ratio = log_ratio.exp()
     surrogate = torch.min(ratio * advantages, ratio.clamp(1 - clip_range, 1 + clip_range) * advantages)
@@ -137,7 +144,9 @@ class PPOLearner:
     def train_minibatch(self, minibatch: Minibatch, clip_range: float, beta: float, update: int) -> dict[str, float]:
         """One gradient step on one minibatch; returns its losses and diagnostics."""
         out = forward_minibatch(self.model, minibatch)
-        loss, stats = ppo_loss(out, minibatch, clip_range, beta, self.config.value_loss_coefficient)
+        loss, stats = ppo_loss(
+            out, minibatch, clip_range, beta, self.config.value_loss_coefficient, self.config.normalize_advantages
+        )
         if not torch.isfinite(loss):
             raise NonFiniteError(f"the loss became {loss.item()} in update {update + 1}")
         self.optimizer.zero_grad(set_to_none=True)
