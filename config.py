@@ -71,6 +71,7 @@ class Config:
     value_loss_coefficient: float
     hidden_layer_size: int
     max_grad_norm: float
+    adam_epsilon: float
     n_processes: int
     memory_dtype: str
     checkpoint_interval: int
@@ -167,6 +168,13 @@ SCHEMA: dict[str, tuple] = {
     "value_loss_coefficient": (float, 0.25, _NON_NEGATIVE, "weight of the value loss"),
     "hidden_layer_size": (int, 384, _POSITIVE, "width of the policy and value hidden layers"),
     "max_grad_norm": (float, 0.5, _POSITIVE, "gradient norm clip"),
+    "adam_epsilon": (
+        float,
+        1e-8,
+        _POSITIVE,
+        "epsilon of the AdamW optimizer (added to the root of its second-moment estimate; torch's default 1e-8 is the "
+        "reference's)",
+    ),
     "n_processes": (int, 0, _NON_NEGATIVE, "environment worker processes (0 = step environments in the main process)"),
     "memory_dtype": (
         str,

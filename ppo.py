@@ -113,7 +113,9 @@ class PPOLearner:
         self.config = config
         self.generator = generator
         # The fused implementation is several times faster than the per-tensor loop, on the CPU too.
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate_schedule.initial, fused=True)
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=config.learning_rate_schedule.initial, eps=config.adam_epsilon, fused=True
+        )
 
     def optimize(self, buffer: Buffer, update: int) -> dict[str, float]:
         """Run the epochs of update ``update`` (0-based, for the schedules); returns mean training statistics."""

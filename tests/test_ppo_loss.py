@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import torch
+from conftest import small_config
 
 from buffer import Minibatch
 from heads import MultiCategorical
-from model import PolicyOutput
-from ppo import ppo_loss
+from model import ActorCriticModel, PolicyOutput
+from ppo import PPOLearner, ppo_loss
 
 
 def loss_parts(advantages: torch.Tensor, normalize: bool) -> tuple[float, torch.Tensor, torch.Tensor]:
@@ -45,3 +46,10 @@ def test_normalised_advantages_have_mean_0_and_std_1() -> None:
     assert abs(loss - by_hand(ratio, normalised)) < 1e-5
     tiny, _, _ = loss_parts(1e-3 * advantages + 0.01, normalize=True)
     assert abs(tiny - loss) < 1e-4  # any scale and offset give the same loss: tiny advantages weigh as much as big ones
+
+
+def test_optimizer_takes_the_configs_epsilon() -> None:
+    for epsilon in (1e-8, 1e-5):
+        config = small_config(adam_epsilon=epsilon)
+        learner = PPOLearner(ActorCriticModel(config, (3,), [2]), config, torch.Generator())
+        assert learner.optimizer.param_groups[0]["eps"] == epsilon
