@@ -185,3 +185,29 @@ def summarize_steps(per_run: Sequence[int | None]) -> dict[str, float | int | No
         "median": float(np.median(reached)) if len(reached) else None,
         "iqm": interquartile_mean(reached) if len(reached) else None,
     }
+
+
+def falls_after_reaching(values: np.ndarray, reach: float, floor: float) -> dict:
+    """Stability of runs that solved a task: per run (a row of ``values`` (M, U), one value per update), how many
+    updates after the first one at or above ``reach`` were below ``floor``, and the lowest value from that update on
+    (None for runs that never reached it); over the runs, how many fell below ``floor`` and for how many updates in
+    all. Missing values (NaN) neither reach nor fall."""
+    values = np.atleast_2d(np.asarray(values, dtype=np.float64))
+    per_run = []
+    for row in values:
+        reached = np.nan_to_num(row, nan=-np.inf) >= reach
+        if not reached.any():
+            per_run.append({"updates_below": None, "lowest": None})
+            continue
+        after = row[np.argmax(reached) :]
+        after = after[~np.isnan(after)]
+        per_run.append({"updates_below": int((after < floor).sum()), "lowest": float(after.min())})
+    below = [run["updates_below"] for run in per_run if run["updates_below"]]
+    return {
+        "reach": reach,
+        "floor": floor,
+        "runs_reached": sum(run["updates_below"] is not None for run in per_run),
+        "runs_below": len(below),
+        "updates_below": sum(below),
+        "per_run": per_run,
+    }

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from aggregation import iqm_curve, steps_to_threshold, summarize_runs, summarize_steps
+from aggregation import falls_after_reaching, iqm_curve, steps_to_threshold, summarize_runs, summarize_steps
 from checkpoint import load_file, load_model
 from cli import ROOT, parse_args
 from config import ConfigError, load_config, parse_overrides, validate_config
@@ -54,6 +54,7 @@ TRAIN = os.path.join(ROOT, "train.py")
 MODELS_DIR, RESULTS_DIR = "models", "results"  # relative to the current folder, as train.py's models/
 EVALUATION_SEED = 0  # every model plays the same unseen episodes, so the seeds are compared on equal terms
 SUCCESS_THRESHOLD = 0.9  # default steps-to-threshold level of the success rate
+SOLVED = 1.0  # success rate of an update in which the task counts as solved (for falls_after_solving)
 PROGRESS_SECONDS = 60  # how often a running seed's last console line is repeated, so a long run is not silent
 STOP_SECONDS = 120  # how long an interrupted seed may take to write its checkpoint before it is killed
 POLL_SECONDS = 0.2
@@ -464,6 +465,12 @@ def aggregate(runs: list[Seed], metric: str, threshold: float | None) -> dict:
     to_threshold: dict = {"threshold": threshold}
     if threshold is not None:
         to_threshold.update(summarize_steps(reached), per_seed=reached)
+    falls = None
+    if metric == "success" and threshold is not None:
+        # Did a seed that solved the task (an update in which every training episode succeeded) lose it again?
+        if steps:
+            falls = falls_after_reaching(values, SOLVED, threshold)
+            falls["per_seed"] = {str(run.seed): entry for run, entry in zip(runs, falls.pop("per_run"), strict=True)}
     return {
         "final": {**summarize_runs(finals), "per_seed": finals},
         "final_interval": "95% percentile bootstrap of the IQM over the seeds, resampling the seeds",
@@ -490,6 +497,7 @@ def aggregate(runs: list[Seed], metric: str, threshold: float | None) -> dict:
             "ci_high": to_json(high),
         },
         "steps_to_threshold": to_threshold,
+        "falls_after_solving": falls,
     }
 
 
@@ -520,6 +528,12 @@ def print_report(runs: list[Seed], summary: dict) -> None:
         to_threshold = summary["steps_to_threshold"]
         median = "-" if to_threshold["median"] is None else f"{to_threshold['median']:.0f}"
         print(f"steps to {metric} {threshold:g}: {to_threshold['reached']} of {to_threshold['runs']} seeds, median {median}")
+    falls = summary["falls_after_solving"]
+    if falls is not None:
+        print(
+            f"after first reaching {metric} {falls['reach']:g} in training: {falls['runs_below']} of "
+            f"{falls['runs_reached']} seeds fell below {falls['floor']:g} ({falls['updates_below']} updates in all)"
+        )
     failures = summary["failures"]
     if failures:
         print(f"{len(failures)} seed{'s' if len(failures) > 1 else ''} failed: {', '.join(str(f['seed']) for f in failures)}")

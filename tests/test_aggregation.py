@@ -8,6 +8,7 @@ import pytest
 import evaluation
 from aggregation import (
     bootstrap_ci,
+    falls_after_reaching,
     interquartile_mean,
     iqm,
     iqm_curve,
@@ -131,3 +132,22 @@ def test_steps_to_threshold() -> None:
     assert summarize_steps(per_run) == {"reached": 2, "runs": 3, "median": 250.0, "iqm": 250.0}
     assert summarize_steps([None, None]) == {"reached": 0, "runs": 2, "median": None, "iqm": None}
     assert summarize_steps([400, 100, 200, 300, 10_000])["iqm"] == pytest.approx(300.0)  # mean of 200, 300, 400
+
+
+def test_falls_after_reaching() -> None:
+    curves = np.array(
+        [
+            [0.5, 1.0, 0.8, 0.95, 0.4],  # reaches 1.0 at the second update, then 0.8 and 0.4 are below 0.9
+            [0.95, 0.85, 1.0, 1.0, 0.9],  # 0.85 comes before it reaches 1.0; exactly the floor is not below
+            [0.5, 0.6, NAN, 0.99, 0.7],  # never reaches 1.0
+            [1.0, NAN, 1.0, 1.0, 1.0],  # a missing value is not a fall
+        ]
+    )
+    result = falls_after_reaching(curves, reach=1.0, floor=0.9)
+    assert result["per_run"] == [
+        {"updates_below": 2, "lowest": 0.4},
+        {"updates_below": 0, "lowest": 0.9},
+        {"updates_below": None, "lowest": None},
+        {"updates_below": 0, "lowest": 1.0},
+    ]
+    assert (result["runs_reached"], result["runs_below"], result["updates_below"]) == (3, 1, 2)

@@ -92,6 +92,16 @@ def test_experiment_writes_summary_plot_and_a_json_line(tiny_experiment: tuple[s
     assert [len(values) for values in curves["per_seed"].values()] == [len(curves["steps"])] * 2
     assert [entry["final"] for entry in summary["per_seed"]] == line["final"]["per_seed"]
     assert all(entry["evaluation"]["success"]["episodes"] == 3 for entry in summary["per_seed"])
+    falls = summary["falls_after_solving"]
+    assert (falls["reach"], falls["floor"]) == (1.0, 0.9) and set(falls["per_seed"]) == {"0", "1"}
+    for seed, entry in falls["per_seed"].items():  # the same numbers as the curve gives
+        values = [value for value in curves["per_seed"][seed] if value is not None]
+        if 1.0 not in values:
+            assert entry == {"updates_below": None, "lowest": None}
+        else:
+            after = values[values.index(1.0) :]
+            assert entry == {"updates_below": sum(value < 0.9 for value in after), "lowest": min(after)}
+    assert f"seeds fell below 0.9 ({falls['updates_below']} updates in all)" in result.stdout
 
 
 def test_a_second_run_skips_finished_seeds(copy: str) -> None:
