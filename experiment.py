@@ -531,7 +531,7 @@ def print_report(runs: list[Seed], summary: dict) -> None:
     falls = summary["falls_after_solving"]
     if falls is not None:
         print(
-            f"after first reaching {metric} {falls['reach']:g} in training: {falls['runs_below']} of "
+            f"after first reaching {metric} {falls['reach']:.2f} in training: {falls['runs_below']} of "
             f"{falls['runs_reached']} seeds fell below {falls['floor']:g} ({falls['updates_below']} updates in all)"
         )
     failures = summary["failures"]
