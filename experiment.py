@@ -37,6 +37,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -331,10 +332,43 @@ def finish(run: Seed, updates: int) -> None:
     say(run, f"failed: {run.reason}")
 
 
-def run_seeds(runs: list[Seed], path: str, sets: list[str], updates: int, jobs: int, cpu: bool) -> None:
+def settle(run: Seed, episodes: int, device: torch.device, threads: int | None = None) -> None:
+    """Evaluate a finished seed (or take its record's evaluation) and write its record, saying what it found.
+    ``threads`` limits torch's threads meanwhile (while other seeds train)."""
+    what = f"evaluating {episodes} unseen episodes ..."
+    if reusable_evaluation(run, episodes):
+        what = f"evaluation from {run.record_path}:"
+    print(f"seed {run.seed}: {what}", end="", flush=True)
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        evaluate_seed(run, episodes, device)
+    finally:
+        torch.set_num_threads(previous)
+    if run.action != "failed":
+        write_record(run, episodes)
+    shown = "  ".join(
+        f"{key} {np.mean([result[key] for result in run.evaluation]):.3f}"
+        for key in ("reward", "success")
+        if run.evaluation and key in run.evaluation[0]
+    )
+    print(f" failed: {run.reason}" if run.action == "failed" else f" {shown}", flush=True)
+
+
+def run_seeds(
+    runs: list[Seed],
+    path: str,
+    sets: list[str],
+    updates: int,
+    jobs: int,
+    cpu: bool,
+    on_finished: Callable[[Seed], None] = lambda run: None,
+) -> None:
     """Train the seeds that need it, ``jobs`` at a time, reporting each start and end (and every PROGRESS_SECONDS the
-    last line of each running seed). On KeyboardInterrupt, stops the running children (they save their checkpoints)
-    and re-raises."""
+    last line of each running seed), and call ``on_finished`` with each seed that finishes (so that an interrupted
+    experiment keeps the results of its finished seeds). On KeyboardInterrupt, stops the running children (they save
+    their checkpoints) and re-raises; so does any other exception."""
     queue = [run for run in runs if run.action in ("new", "resume")]
     threads = max(1, cpu_cores() // jobs)
     running: list[Seed] = []
@@ -349,11 +383,13 @@ def run_seeds(runs: list[Seed], path: str, sets: list[str], updates: int, jobs: 
             for run in [run for run in running if run.process.poll() is not None]:
                 running.remove(run)
                 finish(run, updates)
+                if run.action == "finished":
+                    on_finished(run)
             if running and time.time() - last_report >= PROGRESS_SECONDS:
                 last_report = time.time()
                 for run in running:
                     say(run, f"running for {time.time() - run.started:.0f}s: {run.last_line or '(no output yet)'}")
-    except KeyboardInterrupt:
+    except BaseException:  # Ctrl-C, SIGTERM, or an error in on_finished: no child is left running
         stop(running)
         raise
 
@@ -581,26 +617,12 @@ def main(argv: list[str] | None = None) -> int:
 
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        run_seeds(runs, path, sets, config.updates, jobs, bool(args["--cpu"]))
-        finished = [run for run in runs if run.action == "finished"]
         device = torch.device("cuda" if torch.cuda.is_available() and not args["--cpu"] else "cpu")
-        for run in finished:
-            reused = reusable_evaluation(run, episodes)
-            print(
-                f"seed {run.seed}: "
-                + (f"evaluation from {run.record_path}:" if reused else f"evaluating {episodes} unseen episodes ..."),
-                end="",
-                flush=True,
-            )
-            evaluate_seed(run, episodes, device)
-            if run.action != "failed":
-                write_record(run, episodes)
-            shown = "  ".join(
-                f"{key} {np.mean([result[key] for result in run.evaluation]):.3f}"
-                for key in ("reward", "success")
-                if run.evaluation and key in run.evaluation[0]
-            )
-            print(f" failed: {run.reason}" if run.action == "failed" else f" {shown}", flush=True)
+        for run in [run for run in runs if run.action == "finished"]:  # finished earlier
+            settle(run, episodes, device)
+        run_seeds(
+            runs, path, sets, config.updates, jobs, bool(args["--cpu"]), lambda run: settle(run, episodes, device, threads=1)
+        )
     except KeyboardInterrupt:
         print(
             "interrupted: the running seeds kept their checkpoints; run the same command again to continue "

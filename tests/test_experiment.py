@@ -138,6 +138,28 @@ def test_records_let_a_folder_without_models_and_summaries_skip_finished_seeds(
     assert [entry["status"] for entry in after["per_seed"]] == ["skipped", "skipped"]
 
 
+def test_an_interrupted_experiment_keeps_the_seeds_it_finished(copy: str) -> None:
+    """Seed 3 is evaluated and recorded as soon as it finishes, before seed 4 (trained after it) is interrupted."""
+    command = [sys.executable, os.path.join(ROOT, "experiment.py"), f"--config={CONFIG}", "--seeds=3-4", "--cpu"]
+    command += [f"--run-id={EXPERIMENT}", "--jobs=1", "--eval-episodes=3", *[f"--set={s}" for s in SETS]]
+    process = subprocess.Popen(command, cwd=copy, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    try:
+        for line in process.stdout:
+            lines.append(line)
+            if line.startswith("seed 4: started"):
+                process.send_signal(signal.SIGINT)
+                break
+        output, _ = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    output = "".join(lines) + output
+    assert process.returncode == 130, output
+    assert output.index("seed 3: evaluating 3 unseen episodes") < output.index("seed 4: started")
+    assert os.path.isfile(os.path.join(copy, "results", EXPERIMENT, "seed-3.json"))
+    assert not os.path.exists(os.path.join(copy, "results", EXPERIMENT, "seed-4.json"))
+
+
 def test_a_record_of_another_config_is_refused(copy: str) -> None:
     shutil.rmtree(os.path.join(copy, "models"))
     command = [sys.executable, os.path.join(ROOT, "experiment.py"), f"--config={CONFIG}", "--seeds=0", "--cpu"]
