@@ -615,7 +615,9 @@ def main(argv: list[str] | None = None) -> int:
         elif run.action == "failed":
             say(run, f"cannot run: {run.reason}")
 
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    # SIGINT explicitly too: a process started in the background of a script inherits SIGINT ignored, and Python then
+    # leaves it ignored, so that `kill -INT` would not stop the experiment.
+    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         device = torch.device("cuda" if torch.cuda.is_available() and not args["--cpu"] else "cpu")
         for run in [run for run in runs if run.action == "finished"]:  # finished earlier
@@ -631,7 +633,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 130
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
     finished = [run for run in runs if run.action == "finished"]
     failures = [{"seed": run.seed, "stage": run.stage, "reason": run.reason} for run in runs if run.action == "failed"]
@@ -669,7 +672,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
-    """SIGTERM stops the experiment through the same path as Ctrl-C."""
+    """SIGINT and SIGTERM stop the experiment through the same path as Ctrl-C."""
     raise KeyboardInterrupt(f"signal {signum}")
 
 

@@ -138,11 +138,16 @@ def test_records_let_a_folder_without_models_and_summaries_skip_finished_seeds(
     assert [entry["status"] for entry in after["per_seed"]] == ["skipped", "skipped"]
 
 
-def test_an_interrupted_experiment_keeps_the_seeds_it_finished(copy: str) -> None:
-    """Seed 3 is evaluated and recorded as soon as it finishes, before seed 4 (trained after it) is interrupted."""
+@pytest.mark.parametrize("inherited", ["default", "ignored"])
+def test_an_interrupted_experiment_keeps_the_seeds_it_finished(copy: str, inherited: str) -> None:
+    """Seed 3 is evaluated and recorded as soon as it finishes, before seed 4 (trained after it) is interrupted; also
+    when experiment.py started with SIGINT ignored, as a background job of a script starts it."""
     command = [sys.executable, os.path.join(ROOT, "experiment.py"), f"--config={CONFIG}", "--seeds=3-4", "--cpu"]
     command += [f"--run-id={EXPERIMENT}", "--jobs=1", "--eval-episodes=3", *[f"--set={s}" for s in SETS]]
-    process = subprocess.Popen(command, cwd=copy, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    setup = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if inherited == "ignored" else None
+    process = subprocess.Popen(
+        command, cwd=copy, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=setup
+    )
     lines = []
     try:
         for line in process.stdout:
