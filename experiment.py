@@ -178,20 +178,20 @@ def read_record(run: Seed) -> dict | None:
 
 
 def write_record(run: Seed, episodes: int) -> None:
-    """Write what the summary needs of a finished, evaluated seed to results/<id>/seed-k.json (small, to commit)."""
-    if not reusable_evaluation(run, episodes):  # a new record; an up-to-date one is written back as it is
-        summary_dir = run.checkpoint["summary_dir"]
-        run.record = {
-            "seed": run.seed,
-            "config": run.checkpoint["config"],
-            "summary_dir": summary_dir,
-            "update": run.checkpoint["update"],
-            "env_steps": run.checkpoint["env_steps"],
-            "eval_episodes": episodes,
-            "evaluation_seed": EVALUATION_SEED,
-            "evaluation": run.evaluation,
-            "curves": {tag: [[step, value] for step, value in read_scalars(summary_dir, tag).items()] for tag in RECORD_TAGS},
-        }
+    """Write what the summary needs of a finished, just evaluated seed to results/<id>/seed-k.json (small, to
+    commit), its curves read from its TensorBoard summaries."""
+    summary_dir = run.checkpoint["summary_dir"]
+    run.record = {
+        "seed": run.seed,
+        "config": run.checkpoint["config"],
+        "summary_dir": summary_dir,
+        "update": run.checkpoint["update"],
+        "env_steps": run.checkpoint["env_steps"],
+        "eval_episodes": episodes,
+        "evaluation_seed": EVALUATION_SEED,
+        "evaluation": run.evaluation,
+        "curves": {tag: [[step, value] for step, value in read_scalars(summary_dir, tag).items()] for tag in RECORD_TAGS},
+    }
     os.makedirs(os.path.dirname(run.record_path), exist_ok=True)
     with open(run.record_path, "w") as file:
         json.dump(run.record, file)
@@ -335,19 +335,20 @@ def finish(run: Seed, updates: int) -> None:
 def settle(run: Seed, episodes: int, device: torch.device, threads: int | None = None) -> None:
     """Evaluate a finished seed (or take its record's evaluation) and write its record, saying what it found.
     ``threads`` limits torch's threads meanwhile (while other seeds train)."""
-    what = f"evaluating {episodes} unseen episodes ..."
-    if reusable_evaluation(run, episodes):
-        what = f"evaluation from {run.record_path}:"
-    print(f"seed {run.seed}: {what}", end="", flush=True)
-    previous = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
-        evaluate_seed(run, episodes, device)
-    finally:
-        torch.set_num_threads(previous)
-    if run.action != "failed":
-        write_record(run, episodes)
+    if reusable_evaluation(run, episodes):  # its record is up to date
+        print(f"seed {run.seed}: evaluation from {run.record_path}:", end="", flush=True)
+        run.evaluation = run.record["evaluation"]
+    else:
+        print(f"seed {run.seed}: evaluating {episodes} unseen episodes ...", end="", flush=True)
+        previous = torch.get_num_threads()
+        if threads is not None:
+            torch.set_num_threads(threads)
+        try:
+            evaluate_seed(run, episodes, device)
+        finally:
+            torch.set_num_threads(previous)
+        if run.action != "failed":
+            write_record(run, episodes)
     shown = "  ".join(
         f"{key} {np.mean([result[key] for result in run.evaluation]):.3f}"
         for key in ("reward", "success")
@@ -432,12 +433,8 @@ def reusable_evaluation(run: Seed, episodes: int) -> bool:
 
 def evaluate_seed(run: Seed, episodes: int, device: torch.device) -> None:
     """Evaluate a finished seed's final model on ``episodes`` unseen episodes (its checkpoint's weights where the
-    model file is missing: a run killed between writing the two), or take the evaluation from its record where that
-    holds the same episodes and the model's training did not change since."""
+    model file is missing: a run killed between writing the two)."""
     record = run.record
-    if reusable_evaluation(run, episodes):
-        run.evaluation = record["evaluation"]
-        return
     path = run.model_path if os.path.isfile(run.model_path) else run.checkpoint_path
     if not os.path.isfile(path):
         run.fail(
