@@ -1,4 +1,5 @@
-"""Measure the fast and the plain memory path in one run: throughput, peak memory, FLOPs and the share of peak.
+"""Measure the fast and the plain memory path in one run (and other memories beside them): throughput, peak memory,
+FLOPs and the share of peak.
 
 Usage:
   benchmark.py [options] [--set=<key=value>]...
@@ -10,6 +11,10 @@ Options:
   --steps=<n>              worker_steps (default: the config's).
   --updates=<n>            Measured updates per path, after one warm-up update [default: 2].
   --paths=<list>           Comma-separated memory paths to measure [default: fast,plain].
+  --memories=<list>        Also measure these memories (of gru, lstm, none, trxl) with the same config, e.g. gru,none.
+  --long-episodes=<steps>  Instead: rollout steps of one unending episode per worker (no environment, no training):
+                           steps/s and peak RSS after 1000 and <steps> episode steps, for the configured memory and
+                           --memories.
   --sweep=<lengths>        Also measure fast-path rollout steps/s at these memory lengths, e.g. 32,64,128,256.
   --set=<key=value>        Override a config key (repeatable), as in train.py.
   --cpu                    Use the CPU even where CUDA is available.
@@ -22,6 +27,11 @@ n_workers x worker_steps environment steps (model + environments), train = the P
 overall = both. FLOPs are counted with torch's FlopCounterMode on one rollout step and one minibatch
 (forward + backward); the share of peak compares the achieved model FLOP/s with a float32 matrix product
 measured on this machine in the same run. The last line is one JSON object.
+
+With --long-episodes every worker stays in one episode for the whole run, as in an Endless task (a random agent's
+Endless episode would end early): the model acts on a fixed random observation of the task's shape per worker, and
+its memory remembers every step. What a worker's memory holds (the TrXL ring of the last memory_length steps, a
+recurrent state) does not grow with the episode, so neither should the time per step or the process's memory.
 """
 
 from __future__ import annotations
@@ -34,14 +44,17 @@ import sys
 import tempfile
 import time
 
+import numpy as np
 import torch
 from docopt import docopt
 from torch.utils.flop_counter import FlopCounterMode
 
-from config import load_config, parse_overrides
+from config import MEMORY_TYPES, load_config, parse_overrides
 from memory import check_memory_path
+from model import ActorCriticModel
 from ppo import forward_minibatch
 from trainer import PPOTrainer
+from worker import Workers
 
 
 def matmul_peak_gflops(device: torch.device, size: int = 2048, repeats: int = 5) -> float:
@@ -127,6 +140,41 @@ def measure(config_path: str, overrides: dict, path: str, updates: int, device: 
     return result
 
 
+def long_episode(config_path: str, overrides: dict, steps: int, device: torch.device) -> dict:
+    """Step every worker's memory through one episode of ``steps`` steps; steps/s over the 1000 steps before each mark
+    (1000 and ``steps``) and the peak RSS at it, and the bytes a worker's memory state holds."""
+    config = load_config(config_path, overrides)
+    probe = Workers(config.environment, 1, 0, 0)  # the task's spaces
+    obs_shape, action_dims = probe.observation_space.shape, probe.action_dims
+    probe.close()
+    torch.manual_seed(0)
+    model = ActorCriticModel(config, obs_shape, action_dims).to(device).eval()
+    n = config.n_workers
+    state = model.memory.start(n, device)
+    model.memory.sync(state)
+    obs = model.prepare(np.random.default_rng(0).random((n, *obs_shape), dtype=np.float32))
+    marks = sorted({min(1000, steps), steps})
+    result = {"memory": config.memory, "workers": n, "episode_steps": steps, "marks": {}}
+    window_start = time.perf_counter()
+    with torch.no_grad():
+        for step in range(1, steps + 1):
+            out = model.step(obs, state)
+            model.memory.commit(state, out.record)
+            if step % 1000 == 0 or step in marks:
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                now = time.perf_counter()
+                window = 1000 if step % 1000 == 0 else step % 1000
+                if step in marks:
+                    result["marks"][str(step)] = {
+                        "sps": n * window / (now - window_start),
+                        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                    }
+                window_start = now
+    result["state_bytes_per_worker"] = sum(t.numel() * t.element_size() for t in state.state_dict().values()) / n
+    return result
+
+
 def run_child(args: dict, path: str, overrides: dict) -> dict:
     """Measure one path in a fresh process and return its result."""
     command = [sys.executable, os.path.abspath(__file__), f"--child={path}", f"--config={args['--config']}"]
@@ -138,11 +186,42 @@ def run_child(args: dict, path: str, overrides: dict) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def long_episodes(args: dict, config: object, overrides: dict, memories: list[str], steps: int, device: torch.device) -> int:
+    """The --long-episodes mode: one child process per memory; a line per memory and mark, then one JSON line."""
+    if steps < 1:
+        print(f"error: --long-episodes must be at least 1, got {steps}", file=sys.stderr)
+        return 2
+    print(f"long episodes on {args['--config']} ({device}): {config.n_workers} workers, one episode of {steps} steps each",
+          flush=True)  # fmt: skip
+    summary = {"config": args["--config"], "workers": config.n_workers, "episode_steps": steps, "memories": {}}
+    for memory in dict.fromkeys([config.memory, *memories]):
+        r = run_child(args, f"long:{steps}", {**overrides, "memory": memory})
+        summary["memories"][memory] = r
+        for mark, values in r["marks"].items():
+            print(f"{memory:>6}: after {int(mark):6d} episode steps  {values['sps']:8.1f} steps/s  "
+                  f"peak RSS {values['peak_rss_mb']:7.0f} MB  (state {r['state_bytes_per_worker'] / 1024:.0f} KiB per worker)",
+                  flush=True)  # fmt: skip
+    print(json.dumps(summary))
+    return 0
+
+
+def print_row(name: str, r: dict) -> None:
+    """One console line of a measured path or memory."""
+    print(f"{name:>6}: rollout {r['rollout_sps']:8.1f} steps/s  train {r['train_sps']:8.1f} steps/s  "
+          f"overall {r['overall_sps']:8.1f} steps/s  peak RSS {r['peak_rss_mb']:7.0f} MB  "
+          f"{r['mflop_per_step']:8.1f} MFLOP/step  {100 * r['peak_fraction']:5.1f}% of {r['matmul_gflops']:.0f} GFLOP/s",
+          flush=True)  # fmt: skip
+
+
 def main() -> int:
     args = docopt(__doc__)
     device = torch.device("cuda" if torch.cuda.is_available() and not args["--cpu"] else "cpu")
     if args["--child"]:
         overrides = json.loads(args["--overrides"])
+        if args["--child"].startswith("long:"):
+            steps = int(args["--child"].split(":")[1])
+            print(json.dumps(long_episode(args["--config"], overrides, steps, device)))
+            return 0
         print(json.dumps(measure(args["--config"], overrides, args["--child"], int(args["--updates"]), device)))
         return 0
     overrides = parse_overrides(args["--set"])
@@ -158,19 +237,28 @@ def main() -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    memories = [memory for memory in (args["--memories"] or "").split(",") if memory]
+    unknown = [memory for memory in memories if memory not in MEMORY_TYPES]
+    if unknown:
+        print(f"error: --memories '{unknown[0]}' is unknown: use some of {', '.join(MEMORY_TYPES)}", file=sys.stderr)
+        return 2
+    if args["--long-episodes"]:
+        return long_episodes(args, config, overrides, memories, int(args["--long-episodes"]), device)
+    described = f"memory {config.memory}"
+    if config.memory == "trxl":
+        described += f", memory_length {config.transformer.memory_length}"
     print(
         f"benchmark {args['--config']} on {device}: {config.n_workers} workers x {config.worker_steps} steps, "
-        f"memory_length {config.transformer.memory_length}, {args['--updates']} measured updates per path",
+        f"{described}, {args['--updates']} measured updates per path",
         flush=True,
     )
     results = {}
     for path in paths:
         results[path] = run_child(args, path, overrides)
-        r = results[path]
-        print(f"{path:>6}: rollout {r['rollout_sps']:8.1f} steps/s  train {r['train_sps']:8.1f} steps/s  "
-              f"overall {r['overall_sps']:8.1f} steps/s  peak RSS {r['peak_rss_mb']:7.0f} MB  "
-              f"{r['mflop_per_step']:8.1f} MFLOP/step  {100 * r['peak_fraction']:5.1f}% of {r['matmul_gflops']:.0f} GFLOP/s",
-              flush=True)  # fmt: skip
+        print_row(path, results[path])
+    for memory in memories:
+        results[memory] = run_child(args, "fast", {**overrides, "memory": memory})
+        print_row(memory, results[memory])
     if args["--sweep"]:
         print("fast-path rollout steps/s by memory_length:")
         for length in [int(x) for x in args["--sweep"].split(",")]:
@@ -179,12 +267,12 @@ def main() -> int:
             results.setdefault("sweep", {})[length] = r["rollout_sps"]
             print(f"  memory_length {length:4d}: rollout {r['rollout_sps']:8.1f} steps/s", flush=True)
     summary = {"config": args["--config"], "workers": config.n_workers, "steps": config.worker_steps,
-               "memory_length": config.transformer.memory_length}  # fmt: skip
+               "memory": config.memory, "memory_length": config.transformer.memory_length}  # fmt: skip
     keys = ("rollout_sps", "train_sps", "overall_sps", "peak_rss_mb", "mflop_per_step", "peak_fraction")
-    for path in paths:
-        summary[path] = {key: round(results[path][key], 4) for key in keys}
-        if "peak_cuda_mb" in results[path]:
-            summary[path]["peak_cuda_mb"] = round(results[path]["peak_cuda_mb"], 1)
+    for name in paths + memories:
+        summary[name] = {key: round(results[name][key], 4) for key in keys}
+        if "peak_cuda_mb" in results[name]:
+            summary[name]["peak_cuda_mb"] = round(results[name]["peak_cuda_mb"], 1)
     if "fast" in results and "plain" in results:
         summary["speedup"] = round(results["fast"]["overall_sps"] / results["plain"]["overall_sps"], 2)
     if "sweep" in results:

@@ -54,6 +54,14 @@ class TransformerConfig:
 
 
 @dataclass(frozen=True)
+class RecurrenceConfig:
+    """The recurrent memory (``memory`` gru or lstm, see recurrent_memory.py)."""
+
+    hidden_state_size: int
+    num_layers: int
+
+
+@dataclass(frozen=True)
 class Config:
     """A validated training configuration. ``environment`` is the environment section with defaults filled in."""
 
@@ -69,6 +77,7 @@ class Config:
     sequence_length: int
     normalize_advantages: bool
     value_loss_coefficient: float
+    reconstruction_coefficient: float
     hidden_layer_size: int
     max_grad_norm: float
     adam_epsilon: float
@@ -78,7 +87,9 @@ class Config:
     eval_interval: int
     eval_episodes: int
     eval_video: bool
+    memory: str
     transformer: TransformerConfig
+    recurrence: RecurrenceConfig
     learning_rate_schedule: Schedule
     beta_schedule: Schedule
     clip_range_schedule: Schedule
@@ -89,6 +100,7 @@ class Config:
 
 
 MINIBATCH_SAMPLINGS = ("chunks", "steps")  # see buffer.Buffer.minibatches
+MEMORY_TYPES = ("trxl", "gru", "lstm", "none")  # see memory.make_memory
 
 # key: (type, default, check, meaning). A default of REQUIRED means the key must be given.
 REQUIRED = object()
@@ -136,6 +148,11 @@ TRANSFORMER_SCHEMA: dict[str, tuple] = {
     ),
 }
 
+RECURRENCE_SCHEMA: dict[str, tuple] = {
+    "hidden_state_size": (int, 256, _POSITIVE, "width of the GRU/LSTM hidden state"),
+    "num_layers": (int, 1, _POSITIVE, "stacked GRU/LSTM layers"),
+}
+
 SCHEMA: dict[str, tuple] = {
     "environment": (dict, REQUIRED, None, "environment section: type, name and the type's own keys (see README)"),
     "gamma": (float, 0.99, _UNIT, "discount factor"),
@@ -166,6 +183,13 @@ SCHEMA: dict[str, tuple] = {
         "gives them",
     ),
     "value_loss_coefficient": (float, 0.25, _NON_NEGATIVE, "weight of the value loss"),
+    "reconstruction_coefficient": (
+        float,
+        0.0,
+        _NON_NEGATIVE,
+        "weight of the observation-reconstruction loss (0 = off): a decoder reconstructs each step's observation from "
+        "the memory's output",
+    ),
     "hidden_layer_size": (int, 384, _POSITIVE, "width of the policy and value hidden layers"),
     "max_grad_norm": (float, 0.5, _POSITIVE, "gradient norm clip"),
     "adam_epsilon": (
@@ -191,7 +215,15 @@ SCHEMA: dict[str, tuple] = {
         None,
         "at every evaluation, also record one episode with the attention strips as a TensorBoard video (Images tab)",
     ),
-    "transformer": (dict, {}, None, "the memory transformer (keys below)"),
+    "memory": (
+        str,
+        "trxl",
+        ('"trxl", "gru", "lstm" or "none"', lambda v: v in MEMORY_TYPES),
+        "the agent's memory: the episodic transformer (section transformer), a GRU or LSTM (section recurrence), or "
+        "none (encoder straight to the heads)",
+    ),
+    "transformer": (dict, {}, None, "the memory transformer, memory trxl (keys below)"),
+    "recurrence": (dict, {}, None, "the recurrent memory, memory gru or lstm (keys below)"),
     "learning_rate_schedule": (dict, {"initial": 3e-4, "final": 3e-4, "max_decay_steps": 1}, None, "AdamW learning rate"),
     "beta_schedule": (dict, {"initial": 1e-3, "final": 1e-3, "max_decay_steps": 1}, None, "entropy bonus coefficient"),
     "clip_range_schedule": (dict, {"initial": 0.2, "final": 0.2, "max_decay_steps": 1}, None, "PPO clip range"),
@@ -257,6 +289,8 @@ def validate_config(raw: Any) -> Config:
     except ValueError as error:
         raise ConfigError(str(error)) from None
     transformer = TransformerConfig(**_check_section(values["transformer"], TRANSFORMER_SCHEMA, "transformer."))
+    recurrence = RecurrenceConfig(**_check_section(values["recurrence"], RECURRENCE_SCHEMA, "recurrence."))
+    trxl = values["memory"] == "trxl"  # the transformer section is checked against the rest only when it is used
     if transformer.embed_dim % transformer.num_heads != 0:
         raise ConfigError(
             f"'transformer.embed_dim' ({transformer.embed_dim}) must be divisible by 'transformer.num_heads' "
@@ -273,7 +307,7 @@ def validate_config(raw: Any) -> Config:
             f"the batch n_workers * worker_steps = {n * t} is not divisible by 'n_mini_batch' ({m}): "
             "change n_workers, worker_steps or n_mini_batch"
         )
-    if values["minibatch_sampling"] == "steps" and transformer.memory_gradients:
+    if values["minibatch_sampling"] == "steps" and transformer.memory_gradients and trxl:
         raise ConfigError(
             "'transformer.memory_gradients' is true, which needs minibatches of consecutive steps, but "
             "'minibatch_sampling' is 'steps': set minibatch_sampling to chunks or transformer.memory_gradients to false"
@@ -294,7 +328,7 @@ def validate_config(raw: Any) -> Config:
                 "change sequence_length (0 picks one automatically) or n_mini_batch"
             )
     max_steps = episode_limit(environment)  # -1 when unknown or unbounded
-    if 0 < max_steps < transformer.memory_length:
+    if trxl and 0 < max_steps < transformer.memory_length:
         raise ConfigError(
             f"'transformer.memory_length' ({transformer.memory_length}) exceeds the episode length "
             f"'environment.max_episode_steps' ({max_steps}; the task's own limit where that key is unset or 0): "
@@ -307,6 +341,7 @@ def validate_config(raw: Any) -> Config:
         )
     values["environment"] = environment
     values["transformer"] = transformer
+    values["recurrence"] = recurrence
     for key in ("learning_rate_schedule", "beta_schedule", "clip_range_schedule"):
         values[key] = _schedule(values[key], key)
     return Config(**values)

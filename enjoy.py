@@ -121,6 +121,13 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if args["--attention"] and config.memory != "trxl":
+        print(
+            f"error: --attention draws the transformer's attention, and this model's memory is '{config.memory}': "
+            "leave out --attention",
+            file=sys.stderr,
+        )
+        return 2
     record = args["--record"]
     render_mode = "rgb_array" if record else (None if args["--no-render"] else "human")
     if record:

@@ -29,10 +29,11 @@ At the rollout's weights ``forward_chunks`` and ``forward_steps`` reproduce what
 (tests/test_equivalence.py and tests/test_step_minibatches.py hold every memory to it), so PPO's ratios start at 1.
 A checkpoint keeps ``state.state_dict()`` and ``trace.state_dict()``.
 
-The episodic TrXL/GTrXL memory (trxl_memory.py) is the first implementation. A recurrent memory keeps its hidden
-state in the state, records the state of each step in its trace, and its context is the hidden state at each chunk's
-start (truncated backpropagation through the chunk), and for single steps the hidden state before each step (one
-recurrent step from it); "no memory" returns h as it is. Neither touches the trainer.
+Implementations, chosen by the config's ``memory``: the episodic TrXL/GTrXL memory (trxl_memory.py); GRU and LSTM
+(recurrent_memory.py), which keep their hidden state in the state, record the state before each step in their trace,
+and take as context the hidden state at each chunk's start (truncated backpropagation through the chunk) or, for
+single steps, the hidden state before each step (one recurrent step from it); and no memory (recurrent_memory.py),
+which passes h on as it is. None of them touches the trainer.
 """
 
 from __future__ import annotations
@@ -150,25 +151,47 @@ class Memory(nn.Module, ABC):
 def check_memory_path(memory_path: str, config: object, flag: str = "--memory-path") -> None:
     """Raise ValueError, naming the fix, for an unknown memory path or a config option the path does not implement.
 
-    ``flag`` is the command-line option that chose the path, for the message.
+    ``flag`` is the command-line option that chose the path, for the message. The paths are the TrXL memory's; the
+    other memories have one way to run, which either name selects.
     """
     if memory_path not in MEMORY_PATHS:
         raise ValueError(f"{flag} '{memory_path}' is unknown: use one of {', '.join(MEMORY_PATHS)}")
-    if config.transformer.memory_gradients and memory_path != "fast":
+    if config.memory == "trxl" and config.transformer.memory_gradients and memory_path != "fast":
         raise ValueError(
             "'transformer.memory_gradients' is true, which only the fast memory path implements: "
             f"use {flag} fast or set it to false"
         )
 
 
-def make_memory(config: object, memory_path: str = "fast") -> Memory:
-    """The memory a training config asks for (today the episodic TrXL/GTrXL memory).
+def memory_input_dim(config: object) -> int | None:
+    """The width the observation encoder embeds to for the configured memory; None: its raw features (the
+    recurrent memories take the flattened convolution output or the observation vector, as the reference's recurrent
+    sister repository does)."""
+    if config.memory == "trxl":
+        return config.transformer.embed_dim
+    if config.memory == "none":
+        return config.hidden_layer_size
+    return None
+
+
+def make_memory(config: object, input_dim: int, memory_path: str = "fast") -> Memory:
+    """The memory a training config asks for (``config.memory``).
 
     Args:
         config: a validated ``config.Config``.
-        memory_path: "fast" (K/V cache, banded chunk attention) or "plain" (the per-window specification).
-    """
-    from trxl_memory import TrXLMemory  # the implementations import this module's interface
+        input_dim: width of the encoder's output (``memory_input_dim`` where that is not None).
+        memory_path: TrXL only: "fast" (K/V cache, banded chunk attention) or "plain" (the per-window specification).
 
+    Every memory has ``output_dim``, the width of the features it gives the heads.
+    """
     check_memory_path(memory_path, config)
-    return TrXLMemory(config.transformer, MEMORY_DTYPES[config.memory_dtype], memory_path)
+    dtype = MEMORY_DTYPES[config.memory_dtype]
+    if config.memory == "trxl":
+        from trxl_memory import TrXLMemory  # the implementations import this module's interface
+
+        return TrXLMemory(config.transformer, dtype, memory_path)
+    from recurrent_memory import NoMemory, RecurrentMemory
+
+    if config.memory == "none":
+        return NoMemory(input_dim)
+    return RecurrentMemory(config.memory, input_dim, config.recurrence, config.hidden_layer_size, dtype)

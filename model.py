@@ -4,7 +4,8 @@ Shapes (legend as in buffer.py): N workers, B chunks, C steps per chunk, A actio
 steps for minibatches of single steps.
 
 - encoders.py: one observation becomes one token (images: the reference's CNN; vectors: a linear layer);
-- memory.py: the memory interface, trxl_memory.py its episodic TrXL/GTrXL implementation;
+- memory.py: the memory interface; trxl_memory.py the episodic TrXL/GTrXL memory, recurrent_memory.py GRU, LSTM and
+  no memory (the config's ``memory``);
 - heads.py: the action distribution chosen from the action space, and the value head.
 
 The model has the entry points the memory has: ``step`` for one step per worker (rollouts, evaluation), ``forward``
@@ -20,9 +21,9 @@ import torch
 from torch import nn
 
 from config import Config
-from encoders import make_encoder
+from encoders import make_decoder, make_encoder
 from heads import MultiCategorical, ValueHead, make_policy_head
-from memory import MemoryState, make_memory
+from memory import MemoryState, make_memory, memory_input_dim
 
 
 class PolicyOutput(NamedTuple):
@@ -32,6 +33,7 @@ class PolicyOutput(NamedTuple):
     value: torch.Tensor  # (...)
     record: object  # the memory's record of these steps (for the trace)
     attention: list[torch.Tensor] | None  # the memory's attention weights, when asked for
+    features: torch.Tensor | None = None  # (..., D) the memory's output, the heads' input (training only)
 
 
 class ActorCriticModel(nn.Module):
@@ -43,19 +45,21 @@ class ActorCriticModel(nn.Module):
         """Build the model.
 
         Args:
-            config: the training config (uses ``transformer``, ``memory_dtype`` and ``hidden_layer_size``).
+            config: the training config (uses ``memory`` and its section, ``memory_dtype`` and ``hidden_layer_size``).
             observation_shape: (C, H, W) images with values in [0, 1], or (F,) vectors.
             action_dims: number of actions of each action dimension.
             memory_path: "fast" or "plain" (see trxl_memory.py); the weights are the same either way.
         """
         super().__init__()
-        dim = config.transformer.embed_dim
         self.observation_shape = tuple(observation_shape)
         self.action_dims = list(action_dims)
-        self.encoder = make_encoder(self.observation_shape, dim)
-        self.memory = make_memory(config, memory_path)
+        self.encoder = make_encoder(self.observation_shape, memory_input_dim(config))
+        self.memory = make_memory(config, self.encoder.output_dim, memory_path)
+        dim = self.memory.output_dim
         self.policy = make_policy_head(self.action_dims, dim, config.hidden_layer_size)
         self.value = ValueHead(dim, config.hidden_layer_size)
+        # Observation reconstruction (Memory Gym paper; CleanRL's reconstruction_coef): only built when it is trained.
+        self.decoder = make_decoder(self.observation_shape, dim) if config.reconstruction_coefficient > 0 else None
 
     @property
     def storage_dtype(self) -> torch.dtype:
@@ -82,7 +86,7 @@ class ActorCriticModel(nn.Module):
         """Policy and values (B, C) of B chunks of C consecutive steps, observations (B, C, *obs_shape), with the
         memory context the trace gave for them."""
         out = self.memory.forward_chunks(self.encoder(obs), context)
-        return PolicyOutput(self.policy(out.features), self.value(out.features), out.record, out.attention)
+        return PolicyOutput(self.policy(out.features), self.value(out.features), out.record, out.attention, out.features)
 
     def forward_steps(self, obs: torch.Tensor, context: object, valid: torch.Tensor | None = None) -> PolicyOutput:
         """Policy and values (B, Q) of B rows of Q single steps, observations (B, Q, *obs_shape), with the memory
@@ -99,4 +103,4 @@ class ActorCriticModel(nn.Module):
             encoded = self.encoder(obs[valid].unsqueeze(1))[:, 0]  # (M, D)
             h = encoded.new_zeros(*valid.shape, encoded.shape[-1]).masked_scatter(valid.unsqueeze(-1), encoded)
         out = self.memory.forward_steps(h, context)
-        return PolicyOutput(self.policy(out.features), self.value(out.features), out.record, out.attention)
+        return PolicyOutput(self.policy(out.features), self.value(out.features), out.record, out.attention, out.features)

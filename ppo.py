@@ -75,6 +75,15 @@ def ppo_loss(
     return loss, stats
 
 
+def reconstruction_loss(model: ActorCriticModel, out: PolicyOutput, minibatch: Minibatch) -> torch.Tensor:
+    """The observation-reconstruction loss of a minibatch's real steps: the model's decoder reconstructs each step's
+    observation from the memory's output (images: binary cross-entropy per pixel; vectors: mean squared error)."""
+    features, obs = out.features, minibatch.obs
+    if minibatch.valid is not None:
+        features, obs = features[minibatch.valid], obs[minibatch.valid]
+    return model.decoder.loss(model.decoder(features), obs)
+
+
 def forward_minibatch(model: ActorCriticModel, minibatch: Minibatch) -> PolicyOutput:
     """The model's output for a minibatch's (B, C) steps: chunks through ``forward``, single steps through
     ``forward_steps``."""
@@ -149,6 +158,11 @@ class PPOLearner:
         loss, stats = ppo_loss(
             out, minibatch, clip_range, beta, self.config.value_loss_coefficient, self.config.normalize_advantages
         )
+        if self.config.reconstruction_coefficient > 0:
+            reconstruction = reconstruction_loss(self.model, out, minibatch)
+            loss = loss + self.config.reconstruction_coefficient * reconstruction
+            stats["reconstruction_loss"] = reconstruction.detach()
+            stats["total_loss"] = loss.detach()
         if not torch.isfinite(loss):
             raise NonFiniteError(f"the loss became {loss.item()} in update {update + 1}")
         self.optimizer.zero_grad(set_to_none=True)

@@ -15,6 +15,7 @@ LOSSES = {
     "value_loss": "losses/value",
     "entropy": "losses/entropy",
     "total_loss": "losses/total",
+    "reconstruction_loss": "losses/reconstruction",  # with reconstruction_coefficient > 0
 }
 TRAINING = ("approx_kl", "clip_fraction", "explained_variance", "learning_rate", "entropy_coefficient", "clip_range")
 
@@ -37,7 +38,8 @@ class Summaries:
         for key, value in episode_means.items():
             self.writer.add_scalar(f"episode/{key}_mean", value, env_steps)
         for key, tag in LOSSES.items():
-            self.writer.add_scalar(tag, stats[key], env_steps)
+            if key in stats:
+                self.writer.add_scalar(tag, stats[key], env_steps)
         for key in TRAINING:
             self.writer.add_scalar(f"training/{key}", stats[key], env_steps)
         self.writer.add_scalar("training/sps", sps, env_steps)

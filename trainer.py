@@ -129,16 +129,19 @@ class PPOTrainer:
         return means
 
     def record_episode(self) -> list[np.ndarray]:
-        """Frames of the first evaluation episode with the attention strips (figures.py)."""
+        """Frames of the first evaluation episode, with the attention strips (figures.py) for the transformer memory."""
         frames = []
         length = self.config.transformer.memory_length
+        attention = self.config.memory == "trxl"
 
-        def on_step(env: object, step: int, attention: list[np.ndarray]) -> None:
-            frames.append(attention_frame(env.render(), attention, length, 1, step))
+        def on_step(env: object, step: int, weights: list[np.ndarray] | None) -> None:
+            frame = env.render()
+            frames.append(frame if weights is None else attention_frame(frame, weights, length, 1, step))
 
         evaluate(
-            self.model, self.config, self.device, 1, EVALUATION_SEED, render_mode="rgb_array", on_step=on_step, attention=True
-        )
+            self.model, self.config, self.device, 1, EVALUATION_SEED, render_mode="rgb_array", on_step=on_step,
+            attention=attention,
+        )  # fmt: skip
         return frames
 
     def save_checkpoint(self, snapshot: dict) -> None:

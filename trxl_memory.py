@@ -323,6 +323,7 @@ class TrXLMemory(Memory):
         self.path = path
         self.layout = EpisodicLayout(config.memory_length)
         self.transformer = Transformer(config)
+        self.output_dim = config.embed_dim
 
     def start(self, n_workers: int, device: torch.device) -> TrXLState:
         return TrXLState(n_workers, self.config, self.memory_dtype, device)

@@ -22,10 +22,10 @@ def train(tmp_path: str, name: str, updates: int, checkpoint: dict | None = None
     return trainer
 
 
-@pytest.mark.parametrize("n_processes", [0, 2])
-def test_resumed_run_equals_uninterrupted_run(tmp_path: str, n_processes: int) -> None:
+@pytest.mark.parametrize("n_processes,memory", [(0, "trxl"), (2, "trxl"), (0, "gru"), (0, "lstm")])
+def test_resumed_run_equals_uninterrupted_run(tmp_path: str, n_processes: int, memory: str) -> None:
     # worker_steps 20 and PoC episodes of up to 32 steps: episodes run across the interruption
-    options = dict(worker_steps=20, sequence_length=10, n_processes=n_processes)
+    options = dict(worker_steps=20, sequence_length=10, n_processes=n_processes, memory=memory)
     whole = train(tmp_path, "whole", 4, **options)
     first = train(tmp_path, "first", 2, **options)
     checkpoint = torch.load(first.checkpoint_path, weights_only=True)

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from config import SCHEMA, TRANSFORMER_SCHEMA
+from config import RECURRENCE_SCHEMA, SCHEMA, TRANSFORMER_SCHEMA
 from environments import ENV_TYPES, FAMILIES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -19,6 +19,8 @@ def test_every_config_key_is_documented() -> None:
         assert f"`{key}`" in README, key
     for key in TRANSFORMER_SCHEMA:
         assert f"`transformer.{key}`" in README, key
+    for key in RECURRENCE_SCHEMA:
+        assert f"`recurrence.{key}`" in README, key
     for env_type in ENV_TYPES:
         assert f"`{env_type}`" in README, env_type
         for key in FAMILIES[env_type].schema:

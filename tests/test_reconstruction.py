@@ -1,0 +1,73 @@
+"""Observation reconstruction: the decoder's shapes, its loss, and its place in the PPO update."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import small_config
+
+from buffer import Buffer
+from encoders import ImageDecoder, VectorDecoder, quantize_images
+from model import ActorCriticModel
+from ppo import PPOLearner, forward_minibatch, reconstruction_loss
+
+
+@pytest.mark.parametrize("shape", [(3, 84, 84), (1, 84, 84), (3, 64, 64), (3, 96, 96), (3, 85, 90)])
+def test_image_decoder_gives_the_observation_shape(shape: tuple) -> None:
+    decoder = ImageDecoder(shape, 16)
+    assert tuple(decoder(torch.zeros(2, 5, 16)).shape) == (2, 5, *shape)
+
+
+def test_image_loss_is_the_binary_cross_entropy_of_the_sigmoid() -> None:
+    logits = torch.tensor([[0.0, 2.0], [-1.0, 0.5]])
+    images = torch.tensor([[0.0, 1.0], [0.2, 0.6]])
+    p = torch.sigmoid(logits)
+    expected = -(images * p.log() + (1 - images) * (1 - p).log()).mean()
+    torch.testing.assert_close(ImageDecoder.loss(logits, images), expected)
+    # uint8 levels, as the buffer stores images, give the same loss as the floats they stand for
+    torch.testing.assert_close(
+        ImageDecoder.loss(logits, quantize_images(images)), ImageDecoder.loss(logits, images), rtol=1e-2, atol=1e-2
+    )
+    assert VectorDecoder.loss(torch.tensor([1.0, 3.0]), torch.tensor([0.0, 1.0])).item() == pytest.approx(2.5)
+
+
+def filled_buffer(config: object, model: ActorCriticModel, obs_shape: tuple) -> Buffer:
+    cpu = torch.device("cpu")
+    n, t = config.n_workers, config.worker_steps
+    buffer = Buffer(n, t, obs_shape, model.storage_dtype, 1, model.memory.trace(n, t, cpu), cpu)
+    state = model.memory.start(n, cpu)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for step in range(t):
+            obs = model.prepare(torch.rand(n, *obs_shape, generator=generator).numpy())
+            out = model.step(obs, state)
+            actions = out.policy.sample(generator=generator)
+            buffer.record_step(step, obs, actions, out.policy.log_prob(actions), out.value, out.record)
+            model.memory.commit(state, out.record)
+    buffer.advantages.normal_(generator=generator)
+    buffer.returns.normal_(generator=generator)
+    return buffer
+
+
+@pytest.mark.parametrize("memory", ["trxl", "gru", "none"])
+@pytest.mark.parametrize("obs_shape", [(4,), (3, 36, 36)])
+def test_reconstruction_trains_the_decoder_and_is_logged(memory: str, obs_shape: tuple) -> None:
+    config = small_config(memory=memory, reconstruction_coefficient=0.1, epochs=3)
+    torch.manual_seed(0)
+    model = ActorCriticModel(config, obs_shape, [3])
+    buffer = filled_buffer(config, model, obs_shape)
+    minibatch = next(buffer.minibatches(1, config.worker_steps, torch.Generator().manual_seed(0)))
+    before = reconstruction_loss(model, forward_minibatch(model, minibatch), minibatch).item()
+    learner = PPOLearner(model, config, torch.Generator().manual_seed(0))
+    stats = learner.optimize(buffer, 0)
+    assert stats["reconstruction_loss"] > 0 and stats["grad_norm/decoder"] > 0
+    after = reconstruction_loss(model, forward_minibatch(model, minibatch), minibatch).item()
+    assert after < before, (before, after)
+
+
+def test_no_decoder_without_reconstruction() -> None:
+    config = small_config()
+    model = ActorCriticModel(config, (4,), [3])
+    assert model.decoder is None
+    stats = PPOLearner(model, config, torch.Generator().manual_seed(0)).optimize(filled_buffer(config, model, (4,)), 0)
+    assert "reconstruction_loss" not in stats
