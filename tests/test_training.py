@@ -76,16 +76,22 @@ def test_train_smoke_every_config(path: str, tmp_path: str) -> None:
     assert glob.glob(os.path.join(tmp_path, "summaries", "smoke", "*", "events.out.tfevents.*"))
 
 
-def test_enjoy_runs_a_trained_model(tmp_path: str) -> None:
+@pytest.mark.parametrize("memory", ["trxl", "gru", "none"])
+def test_enjoy_runs_a_trained_model(tmp_path: str, memory: str) -> None:
     config = os.path.join(ROOT, "configs", "poc_memory_env.yaml")
     command = [sys.executable, os.path.join(ROOT, "train.py"), f"--config={config}", "--run-id=tiny", "--cpu"]
-    command += ["--set=updates=1", "--set=n_workers=2"]
+    command += ["--set=updates=1", "--set=n_workers=2", f"--set=memory={memory}"]
     assert subprocess.run(command, cwd=tmp_path, capture_output=True, timeout=300).returncode == 0
     enjoy = [sys.executable, os.path.join(ROOT, "enjoy.py"), "--model=models/tiny.nn", "--episodes=3", "--no-render", "--json"]
     result = subprocess.run(enjoy, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(result.stdout.strip().splitlines()[-1])["summary"]
     assert summary["length"]["episodes"] == 3 and 1 <= summary["length"]["mean"] <= 32
+    if memory != "trxl":  # the attention figure needs the transformer: a clear error, not a crash
+        attention = subprocess.run(
+            enjoy[:-1] + ["--record=out.gif", "--attention"], cwd=tmp_path, capture_output=True, text=True, timeout=300
+        )
+        assert attention.returncode == 2 and f"memory is '{memory}'" in attention.stderr
 
 
 def test_poc_memory_task_is_learned(tmp_path: str) -> None:
