@@ -57,15 +57,17 @@ class Buffer:
         n_action_dims: int,
         trace: MemoryTrace,
         device: torch.device,
+        action_dtype: torch.dtype = torch.long,
     ) -> None:
-        """Storage for rollouts of ``n_workers`` x ``worker_steps``; ``trace`` is the memory's (``Memory.trace``)."""
+        """Storage for rollouts of ``n_workers`` x ``worker_steps``; ``trace`` is the memory's (``Memory.trace``);
+        actions are stored as ``action_dtype`` (float32 for continuous actions)."""
         n, t = n_workers, worker_steps
         self.n_workers, self.worker_steps = n, t
         self.device = device
         self.trace = trace
         # Images are stored as uint8 levels (see encoders.quantize_images): a quarter of float32's memory.
         self.obs = torch.zeros(n, t, *observation_shape, dtype=observation_dtype, device=device)
-        self.actions = torch.zeros(n, t, n_action_dims, dtype=torch.long, device=device)
+        self.actions = torch.zeros(n, t, n_action_dims, dtype=action_dtype, device=device)
         self.log_probs = torch.zeros(n, t, device=device)
         self.values = torch.zeros(n, t, device=device)
         self.rewards = torch.zeros(n, t, device=device)

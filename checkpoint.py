@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from action_spec import ActionSpec
 from config import Config, ConfigError, validate_config
 from memory import MemoryState, MemoryTrace
 from model import ActorCriticModel
@@ -54,6 +55,7 @@ def save_model(model: ActorCriticModel, config: Config, path: str) -> None:
             "config": config.to_dict(),
             "observation_shape": list(model.observation_shape),
             "action_dims": list(model.action_dims),
+            "actions": model.actions.to_dict(),
         },
         path,
     )
@@ -78,6 +80,11 @@ def load_file(path: str) -> dict:
     return payload
 
 
+def saved_actions(payload: dict) -> ActionSpec:
+    """The action space of a model or checkpoint file (files from before continuous actions hold only the counts)."""
+    return ActionSpec.coerce(payload.get("actions", payload["action_dims"]))
+
+
 def load_model(path: str, device: torch.device) -> tuple[ActorCriticModel, Config]:
     """Rebuild the model and its config from a file written by ``save_model`` (or a checkpoint)."""
     payload = load_file(path)
@@ -85,7 +92,7 @@ def load_model(path: str, device: torch.device) -> tuple[ActorCriticModel, Confi
         config = validate_config(payload["config"])
     except ConfigError as error:
         raise ValueError(f"'{path}' holds a config this version cannot read: {error}") from None
-    model = ActorCriticModel(config, tuple(payload["observation_shape"]), payload["action_dims"])
+    model = ActorCriticModel(config, tuple(payload["observation_shape"]), saved_actions(payload))
     load_weights(model, payload["model"], path)
     return model.to(device), config
 
@@ -132,6 +139,7 @@ def snapshot_training(
         "config": config.to_dict(),
         "observation_shape": list(model.observation_shape),
         "action_dims": list(model.action_dims),
+        "actions": model.actions.to_dict(),
         "run_id": progress.run_id,
         "seed": progress.seed,
         "memory_path": progress.memory_path,
@@ -159,8 +167,8 @@ def restore_training(
 ) -> Progress:
     """Load a ``snapshot_training`` payload into freshly built parts; the caller restores the workers from
     ``payload["workers"]``. Returns the run's progress."""
-    found = (tuple(payload["observation_shape"]), list(payload["action_dims"]))
-    expected = (tuple(model.observation_shape), list(model.action_dims))
+    found = (tuple(payload["observation_shape"]), saved_actions(payload))
+    expected = (tuple(model.observation_shape), model.actions)
     if found != expected:
         raise ValueError(
             f"the checkpoint's model takes observations {found[0]} and actions {found[1]}, but the environment "

@@ -89,6 +89,16 @@ class Recorder(Protocol):
         ...
 
 
+def to_env_action(space: gymnasium.Space, action: list | np.ndarray) -> int | np.ndarray:
+    """One action of the models, A entries, as the environment takes it: an int for Discrete, an int64 array for
+    MultiDiscrete, and for a Box an array of its dtype clipped to its bounds (the models' Gaussian samples are not)."""
+    if isinstance(space, gymnasium.spaces.Box):
+        return np.clip(np.asarray(action, dtype=space.dtype), space.low, space.high)
+    if isinstance(space, gymnasium.spaces.Discrete):
+        return int(action[0])
+    return np.asarray(action, dtype=np.int64)
+
+
 class EnvGroup:
     """Environments with consecutive indices, stepped one after the other; used in the main process and in children.
 
@@ -118,7 +128,8 @@ class EnvGroup:
         self.envs: list[gymnasium.Env] = []
         for index in indices:
             self.envs.append(self._call(index, "construction", create_env, env_config, evaluation=evaluation))
-        self._discrete = isinstance(self.envs[0].action_space, gymnasium.spaces.Discrete)
+        self._action_space = self.envs[0].action_space
+        self._box = isinstance(self._action_space, gymnasium.spaces.Box)
 
     @staticmethod
     def _call(index: int, what: str, function: Callable[..., object], *args: object, **kwargs: object) -> object:
@@ -145,19 +156,20 @@ class EnvGroup:
         seed = episode_seed(self._seed, index, episode, self._evaluation)
         return self._call(index, "reset", self.envs[j].reset, seed=seed)[0]
 
-    def step_env(self, j: int, action: list[int], what: str) -> tuple:
+    def step_env(self, j: int, action: list[int] | list[float], what: str) -> tuple:
         """Steps the group's j-th environment and records the action.
 
         Args:
             j: Position of the environment in this group.
-            action: A ints, one per action branch.
+            action: A ints, one per action branch; or A floats for a Box, which the environment gets clipped to the
+                Box's bounds (the unclipped action is recorded, and clipped again when replayed).
             what: Names the phase in error messages ("step" or "replay").
 
         Returns:
             The environment's (obs, reward, terminated, truncated, info).
         """
-        # Replayed actions must reach the environment as the same types as the original ones: int, or an int64 array.
-        env_action = action[0] if self._discrete else np.asarray(action, dtype=np.int64)
+        # Replayed actions reach the environment as the same types as the original ones (env_action).
+        env_action = to_env_action(self._action_space, action)
         result = self._call(self.indices[j], what, self.envs[j].step, env_action)
         self.recorder.record(j, action)
         return result
@@ -174,14 +186,15 @@ class EnvGroup:
         """Steps every environment and restarts those whose episode ended.
 
         Args:
-            actions: (n, A) int64 actions of this group's environments.
+            actions: (n, A) actions of this group's environments: int64, or floats for a Box.
 
         Returns:
             The StepResult of this group, with final_obs keyed by global environment index.
         """
         obs, rewards, terminated, truncated, final_obs, episodes = [], [], [], [], {}, []
         for j, (index, row) in enumerate(zip(self.indices, actions, strict=True)):
-            ob, reward, term, trunc, info = self.step_env(j, [int(a) for a in row], "step")
+            action = [float(a) for a in row] if self._box else [int(a) for a in row]
+            ob, reward, term, trunc, info = self.step_env(j, action, "step")
             if term or trunc:
                 final_obs[index] = ob
                 episodes.append(info["episode"])

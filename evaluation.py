@@ -16,6 +16,7 @@ import torch
 
 from aggregation import bootstrap_ci, interquartile_mean, mean
 from config import Config
+from env_group import to_env_action
 from environments import create_env
 from model import ActorCriticModel
 from worker import episode_seed
@@ -68,7 +69,7 @@ def evaluate(
                 weights = memory.attention_over_steps(state, out.attention) if attention else None
                 memory.commit(state, out.record)
                 action = actions[0].cpu().numpy()
-                obs, _, terminated, truncated, info = env.step(action[0] if len(action) == 1 else action)
+                obs, _, terminated, truncated, info = env.step(to_env_action(env.action_space, action))
                 step += 1
                 if on_step is not None:
                     on_step(env, step, weights)

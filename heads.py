@@ -2,17 +2,21 @@
 
 Shapes (legend as in buffer.py): A action dimensions (1 for Discrete, len(nvec) for MultiDiscrete).
 
-The policy head is chosen from the action space in ``make_policy_head``; each kind of action space is one class with
-the same small interface: ``head(h)`` gives a distribution with ``sample``, ``log_prob`` and ``entropy``. A Gaussian
-head for Box actions is one more class of that shape.
+The policy head is chosen from the action space (``ActionSpec``) in ``make_policy_head``; each kind of action space
+is one class with the same small interface: ``head(h)`` gives a distribution with ``sample``, ``log_prob`` and
+``entropy``: categorical branches for Discrete and MultiDiscrete actions, a diagonal Gaussian for a 1-D Box.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
 from torch import nn
 from torch.distributions import Categorical
+
+from action_spec import ActionSpec
 
 
 def orthogonal(layer: nn.Module, gain: float) -> nn.Module:
@@ -52,6 +56,48 @@ class MultiCategorical:
         return sum(dist.entropy() for dist in self.dists)
 
 
+class DiagonalGaussian:
+    """Independent normal distributions per action entry; actions are (..., A) float tensors, log-probabilities and
+    entropies summed over the entries."""
+
+    def __init__(self, mean: torch.Tensor, log_std: torch.Tensor) -> None:
+        """``mean`` (..., A); ``log_std`` (A,), the same for every state."""
+        self.mean = mean
+        self.log_std = log_std.expand_as(mean)
+
+    def sample(self, deterministic: bool = False, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Actions (..., A): the mean, or a sample (with ``generator``, else torch's global one); not clipped."""
+        if deterministic:
+            return self.mean
+        noise = torch.randn(self.mean.shape, generator=generator, device=self.mean.device, dtype=self.mean.dtype)
+        return self.mean + self.log_std.exp() * noise
+
+    def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
+        """Joint log-density (...) of actions (..., A)."""
+        z = (actions - self.mean) * torch.exp(-self.log_std)
+        return (-0.5 * z.square() - self.log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+
+    def entropy(self) -> torch.Tensor:
+        """Summed entropy (...) of the entries."""
+        return (self.log_std + 0.5 * (1 + math.log(2 * math.pi))).sum(-1)
+
+
+class GaussianPolicy(nn.Module):
+    """Linear(D, hidden) + ReLU, then the mean of each action entry (gain 0.01 and a zero bias, as CleanRL's continuous
+    PPO: the first means are close to 0), with a learned log standard deviation per entry that does not depend on the
+    state (starting at 0: std 1)."""
+
+    def __init__(self, in_dim: int, hidden: int, width: int) -> None:
+        super().__init__()
+        self.hidden = orthogonal(nn.Linear(in_dim, hidden), np.sqrt(2))
+        self.mean = orthogonal(nn.Linear(hidden, width), 0.01)
+        nn.init.zeros_(self.mean.bias)
+        self.log_std = nn.Parameter(torch.zeros(width))
+
+    def forward(self, h: torch.Tensor) -> DiagonalGaussian:
+        return DiagonalGaussian(self.mean(torch.relu(self.hidden(h))), self.log_std)
+
+
 class CategoricalPolicy(nn.Module):
     """Linear(D, hidden) + ReLU, then one linear branch of logits per action dimension (Discrete and MultiDiscrete)."""
 
@@ -79,8 +125,11 @@ class ValueHead(nn.Module):
         return self.out(torch.relu(self.hidden(h))).squeeze(-1)
 
 
-def make_policy_head(action_dims: list[int], in_dim: int, hidden: int) -> nn.Module:
-    """The policy head for an action space given as its per-dimension action counts (Discrete: [n])."""
-    if not action_dims or any(n < 1 for n in action_dims):
-        raise ValueError(f"action_dims = {action_dims!r}: a Discrete or MultiDiscrete space needs counts >= 1")
-    return CategoricalPolicy(in_dim, hidden, action_dims)
+def make_policy_head(actions: ActionSpec | list[int], in_dim: int, hidden: int) -> nn.Module:
+    """The policy head for an action space (an ``ActionSpec``, or per-dimension action counts: Discrete [n])."""
+    spec = ActionSpec.coerce(actions)
+    if spec.continuous:
+        return GaussianPolicy(in_dim, hidden, spec.width)
+    if not spec.counts or any(n < 1 for n in spec.counts):
+        raise ValueError(f"action counts {list(spec.counts)!r}: a Discrete or MultiDiscrete space needs counts >= 1")
+    return CategoricalPolicy(in_dim, hidden, list(spec.counts))

@@ -20,16 +20,17 @@ import numpy as np
 import torch
 from torch import nn
 
+from action_spec import ActionSpec
 from config import Config
 from encoders import make_decoder, make_encoder
-from heads import MultiCategorical, ValueHead, make_policy_head
+from heads import DiagonalGaussian, MultiCategorical, ValueHead, make_policy_head
 from memory import MemoryState, make_memory, memory_input_dim
 
 
 class PolicyOutput(NamedTuple):
     """What the model gives for some steps."""
 
-    policy: MultiCategorical  # action distribution over (..., A) actions
+    policy: MultiCategorical | DiagonalGaussian  # action distribution over (..., A) actions
     value: torch.Tensor  # (...)
     record: object  # the memory's record of these steps (for the trace)
     attention: list[torch.Tensor] | None  # the memory's attention weights, when asked for
@@ -40,23 +41,28 @@ class ActorCriticModel(nn.Module):
     """Encoder, memory and heads, faithful to the reference implementation."""
 
     def __init__(
-        self, config: Config, observation_shape: tuple[int, ...], action_dims: list[int], memory_path: str = "fast"
+        self,
+        config: Config,
+        observation_shape: tuple[int, ...],
+        actions: ActionSpec | list[int],
+        memory_path: str = "fast",
     ) -> None:
         """Build the model.
 
         Args:
             config: the training config (uses ``memory`` and its section, ``memory_dtype`` and ``hidden_layer_size``).
             observation_shape: (C, H, W) images with values in [0, 1], or (F,) vectors.
-            action_dims: number of actions of each action dimension.
+            actions: the action space (``heads.ActionSpec``), or the number of actions of each action dimension.
             memory_path: "fast" or "plain" (see trxl_memory.py); the weights are the same either way.
         """
         super().__init__()
         self.observation_shape = tuple(observation_shape)
-        self.action_dims = list(action_dims)
+        self.actions = ActionSpec.coerce(actions)
+        self.action_dims = list(self.actions.counts)  # Discrete / MultiDiscrete; empty for continuous actions
         self.encoder = make_encoder(self.observation_shape, memory_input_dim(config))
         self.memory = make_memory(config, self.encoder.output_dim, memory_path)
         dim = self.memory.output_dim
-        self.policy = make_policy_head(self.action_dims, dim, config.hidden_layer_size)
+        self.policy = make_policy_head(self.actions, dim, config.hidden_layer_size)
         self.value = ValueHead(dim, config.hidden_layer_size)
         # Observation reconstruction (Memory Gym paper; CleanRL's reconstruction_coef): only built when it is trained.
         self.decoder = make_decoder(self.observation_shape, dim) if config.reconstruction_coefficient > 0 else None

@@ -7,15 +7,19 @@ Its ``state()`` is the payload that checkpoints hold, one entry per environment:
 
     {"episode": k, "actions": [[a_1, ..., a_A], ...]}
 
-as plain ints and lists that ``torch.load(weights_only=True)`` accepts. ``check_states`` checks such a payload before
-any environment is touched, and ``restore`` rebuilds a group's environments from it by resetting each into its recorded
-episode and replaying the actions. Replaying also rebuilds what the environment wrappers accumulate for
-``info["episode"]`` (return, length), so a resumed run continues bit for bit. The state and the replay grow with the
-length of the running episodes: at most one episode of actions per environment.
+as plain ints (floats for continuous actions) and lists that ``torch.load(weights_only=True)`` accepts.
+``check_states`` checks such a payload before any environment is touched, and ``restore`` rebuilds a group's
+environments from it by resetting each into its recorded episode and replaying the actions. Replaying also rebuilds
+what the environment wrappers accumulate for ``info["episode"]`` (return, length), so a resumed run continues bit for
+bit. The state and the replay grow with the length of the running episodes: at most one episode of actions per
+environment.
 """
+
+import math
 
 import numpy as np
 
+from action_spec import ActionSpec
 from env_group import EnvGroup, WorkerError, is_int, stack_observations
 
 STATE_KEYS = ("episode", "actions")  # keys of one environment's entry in the state
@@ -58,13 +62,20 @@ class EpisodeRecorder:
         ]
 
 
-def check_states(states: list[dict], n_envs: int, action_dims: list[int]) -> list[dict]:
-    """Checks a state for Workers of n_envs environments and copies it with every number as a Python int.
+def _finite_number(value: object, k: int) -> bool:
+    """Whether a recorded continuous action entry is a finite number (k, its position, is unused)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_states(states: list[dict], n_envs: int, actions_spec: ActionSpec | list[int]) -> list[dict]:
+    """Checks a state for Workers of n_envs environments and copies it with every number as a Python int (a float for
+    continuous actions).
 
     Args:
         states: The argument of ``Workers.restore``, meant to be what ``Workers.state()`` returned.
         n_envs: Number of environments of the Workers to restore.
-        action_dims: Their action_dims, which bound every recorded action.
+        actions_spec: Their action space (or its action counts), which bounds every recorded discrete action
+            (continuous ones must be finite numbers; they are clipped when replayed).
 
     Returns:
         The checked copy, one entry per environment.
@@ -79,7 +90,17 @@ def check_states(states: list[dict], n_envs: int, action_dims: list[int]) -> lis
             f"states has {len(states)} entries, but these Workers run n_envs = {n_envs} environments; "
             "restore a state taken from Workers with the same n_envs"
         )
-    width = len(action_dims)
+    actions_spec = ActionSpec.coerce(actions_spec)
+    width = actions_spec.width
+    if actions_spec.continuous:
+        fits_entry, kind, convert = _finite_number, f"a list of {width} finite number(s)", float
+    else:
+        counts = actions_spec.counts
+        kind, convert = f"a list of {width} int(s) in [0, n) for n in the action counts {list(counts)}", int
+
+        def fits_entry(a: object, k: int) -> bool:
+            return is_int(a) and 0 <= a < counts[k]
+
     checked = []
     for i, state in enumerate(states):
         if not isinstance(state, dict):
@@ -97,12 +118,11 @@ def check_states(states: list[dict], n_envs: int, action_dims: list[int]) -> lis
             raise ValueError(f"states[{i}]['actions'] is a {type(actions).__name__}; it must be a list of actions")
         for t, action in enumerate(actions):
             fits = isinstance(action, list | tuple) and len(action) == width
-            if not fits or not all(is_int(a) and 0 <= a < n for a, n in zip(action, action_dims, strict=True)):
+            if not fits or not all(fits_entry(a, k) for k, a in enumerate(action)):
                 raise ValueError(
-                    f"states[{i}]['actions'][{t}] = {action!r} is not an action of this environment; each action is "
-                    f"a list of {width} int(s) in [0, n) for n in action_dims = {action_dims}"
+                    f"states[{i}]['actions'][{t}] = {action!r} is not an action of this environment; each action is {kind}"
                 )
-        checked.append({"episode": int(episode), "actions": [[int(a) for a in action] for action in actions]})
+        checked.append({"episode": int(episode), "actions": [[convert(a) for a in action] for action in actions]})
     return checked
 
 

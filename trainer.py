@@ -68,13 +68,14 @@ class PPOTrainer:
 
         self.workers = Workers(config.environment, config.n_workers, config.n_processes, seed)
         obs_shape = self.workers.observation_space.shape
-        action_dims = self.workers.action_dims
-        self.model = ActorCriticModel(config, obs_shape, action_dims, memory_path).to(device)
+        actions = self.workers.action_spec
+        self.model = ActorCriticModel(config, obs_shape, actions, memory_path).to(device)
         self.learner = PPOLearner(self.model, config, generator)
         trace = self.model.memory.trace(config.n_workers, config.worker_steps, device)
         self.buffer = Buffer(
-            config.n_workers, config.worker_steps, obs_shape, self.model.storage_dtype, len(action_dims), trace, device
-        )
+            config.n_workers, config.worker_steps, obs_shape, self.model.storage_dtype, actions.width, trace, device,
+            torch.float32 if actions.continuous else torch.long,
+        )  # fmt: skip
         self.collector = RolloutCollector(self.model, self.workers, self.buffer, config.gamma, config.lamda, device)
         if checkpoint is None:
             summary_dir = os.path.join(summaries_dir, run_id, time.strftime("%Y%m%d-%H%M%S"))
@@ -201,7 +202,7 @@ class PPOTrainer:
         kept = "nothing (it stopped before the first update)"
         if self.snapshot is not None:
             self.save_checkpoint(self.snapshot)
-            model = ActorCriticModel(self.config, self.model.observation_shape, self.model.action_dims)
+            model = ActorCriticModel(self.config, self.model.observation_shape, self.model.actions)
             model.load_state_dict(self.snapshot["model"])
             save_model(model, self.config, self.model_path)
             kept = f"{self.checkpoint_path} (after update {self.snapshot['update']})"

@@ -25,6 +25,7 @@ from multiprocessing.connection import Connection
 import gymnasium
 import numpy as np
 
+from action_spec import ActionSpec
 from env_group import EnvGroup, StepResult, WorkerError, episode_seed, is_int
 from environments import validate_env_config
 from replay import EpisodeRecorder, check_states, restore
@@ -281,8 +282,9 @@ class Workers:
         n_envs: Number of environments N.
         seed: Base seed: environment i's k-th episode is reset with ``episode_seed(seed, i, k)``.
         observation_space: Observation space of one environment.
-        action_space: Action space of one environment (Discrete or MultiDiscrete).
-        action_dims: [n] for Discrete(n), list(nvec) for MultiDiscrete; A = len(action_dims).
+        action_space: Action space of one environment (Discrete, MultiDiscrete or a 1-D Box).
+        action_spec: The action space as the models see it (``heads.ActionSpec``); A = ``action_spec.width``.
+        action_dims: [n] for Discrete(n), list(nvec) for MultiDiscrete; empty for a Box.
         max_episode_steps: Step limit of one environment's episodes, -1 when unbounded.
     """
 
@@ -319,10 +321,8 @@ class Workers:
         else:
             self._transport = _Children(env_config, n_envs, n_processes, self.seed, evaluation)
         self.observation_space, self.action_space, self.max_episode_steps = self._transport.spaces
-        if isinstance(self.action_space, gymnasium.spaces.Discrete):
-            self.action_dims = [int(self.action_space.n)]
-        else:
-            self.action_dims = [int(n) for n in self.action_space.nvec]
+        self.action_spec = ActionSpec.of(self.action_space)
+        self.action_dims = list(self.action_spec.counts)
 
     def _dispatch(self, command: str, data: list[object]) -> list:
         """Runs a command on every group, in this process or in the children; closes all workers on a failure.
@@ -358,7 +358,8 @@ class Workers:
         """Steps all environments and restarts those whose episode ended at this step.
 
         Args:
-            actions: (N, A) int64, A = len(action_dims).
+            actions: (N, A) int64 (Discrete, MultiDiscrete) or float (a Box: clipped to its bounds when stepping),
+                A = action_spec.width.
 
         Returns:
             The StepResult of all N environments.
@@ -369,10 +370,10 @@ class Workers:
         if not self._started:
             raise RuntimeError("step() was called before any episode started; call reset() or restore() first")
         actions = np.asarray(actions)
-        if actions.shape != (self.n_envs, len(self.action_dims)):
+        if actions.shape != (self.n_envs, self.action_spec.width):
             raise ValueError(
-                f"actions of shape {actions.shape} do not fit; pass (n_envs, len(action_dims)) = "
-                f"({self.n_envs}, {len(self.action_dims)}), also for Discrete action spaces"
+                f"actions of shape {actions.shape} do not fit; pass (n_envs, action_spec.width) = "
+                f"({self.n_envs}, {self.action_spec.width}), also for Discrete action spaces"
             )
         return _merge(self._dispatch("step", self._split(actions)))
 
@@ -408,7 +409,7 @@ class Workers:
             WorkerError: If an episode ends during the replay, so that the state cannot come from these environments,
                 or if an environment fails; the workers are closed in both cases.
         """
-        states = check_states(states, self.n_envs, self.action_dims)
+        states = check_states(states, self.n_envs, self.action_spec)
         obs = np.concatenate(self._dispatch("restore", self._split(states)))
         self._started = True
         return obs

@@ -11,7 +11,8 @@ Config::
 
 Observations become what the models take: a uint8 Box image (H, W, C) or (C, H, W) with C in 1..4 becomes (C, H, W)
 float32 in [0, 1] (a (H, W) image becomes (1, H, W)); a 1-D Box vector of any dtype becomes float32 unchanged.
-Actions must be Discrete or (1-D) MultiDiscrete; a nonzero ``start`` is shifted to 0. Time limits come from
+Actions must be Discrete or (1-D) MultiDiscrete, where a nonzero ``start`` is shifted to 0, or a 1-D Box with finite
+bounds (continuous actions; the workers clip them to the bounds). Time limits come from
 gymnasium's TimeLimit wrapper and stay truncations; a step that is both terminated and truncated counts as terminated.
 
 Checking a config builds the environment once (cached per id and kwargs) to read its spaces, so that an unknown id,
@@ -27,11 +28,12 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
+from action_spec import ActionSpec
 from environments.registry import REQUIRED, EnvFamily, Key, invalid
 
 SUPPORTED = (
     "supported: observations as a Box of uint8 images (H, W, C) or (C, H, W) with C in 1..4 or (H, W), or a 1-D Box "
-    "vector of any dtype; actions as Discrete or 1-D MultiDiscrete"
+    "vector of any dtype; actions as Discrete, 1-D MultiDiscrete or a 1-D Box with finite bounds"
 )
 
 _RESERVED_KWARGS = {
@@ -116,10 +118,10 @@ def _probe(env_id: str, kwargs: dict) -> _Probe:
             f"environment.id = {env_id!r} has the observation space {probe.observation_space}, which the models cannot "
             f"take; {SUPPORTED}"
         )
-    if _action_start(probe.action_space) is None:
-        raise ValueError(
-            f"environment.id = {env_id!r} has the action space {probe.action_space}, which the models cannot take; {SUPPORTED}"
-        )
+    try:
+        ActionSpec.of(probe.action_space)
+    except ValueError as error:
+        raise ValueError(f"environment.id = {env_id!r}: {error}") from None
     _probes[key] = probe
     return probe
 
@@ -146,7 +148,7 @@ def _image_layout(space: spaces.Space) -> str | None:
 
 
 def _action_start(space: spaces.Space) -> int | np.ndarray | None:
-    """The offset between the models' actions (from 0) and the space's; None for an unsupported space."""
+    """The offset between the models' actions (from 0) and the space's; None for a Box (or an unsupported space)."""
     if isinstance(space, spaces.Discrete):
         return int(space.start)
     if isinstance(space, spaces.MultiDiscrete) and space.nvec.ndim == 1:
@@ -207,10 +209,13 @@ class GymnasiumEnv(gymnasium.Wrapper):
             shape = self._observe(np.zeros(inner.shape, dtype=np.uint8)).shape
             self.observation_space = spaces.Box(low=0.0, high=1.0, shape=shape, dtype=np.float32)
         self._action_start = _action_start(self.env.action_space)
-        if isinstance(self.env.action_space, spaces.Discrete):
-            self.action_space = spaces.Discrete(int(self.env.action_space.n))
+        inner_actions = self.env.action_space
+        if isinstance(inner_actions, spaces.Discrete):
+            self.action_space = spaces.Discrete(int(inner_actions.n))
+        elif isinstance(inner_actions, spaces.Box):
+            self.action_space = spaces.Box(low=inner_actions.low, high=inner_actions.high, dtype=inner_actions.dtype)
         else:
-            self.action_space = spaces.MultiDiscrete(self.env.action_space.nvec)
+            self.action_space = spaces.MultiDiscrete(inner_actions.nvec)
         self._episode_info = tuple(episode_info)
         self._return = 0.0
         self._length = 0
@@ -255,7 +260,9 @@ class GymnasiumEnv(gymnasium.Wrapper):
         return self._observe(obs), float(reward), terminated, truncated, info
 
     def _inner_action(self, action: int | np.ndarray) -> int | np.ndarray:
-        """Shifts an action of this wrapper's space (from 0) into the environment's space."""
+        """Shifts an action of this wrapper's space (from 0) into the environment's space (a Box's as it is)."""
+        if self._action_start is None:
+            return np.asarray(action, dtype=self.env.action_space.dtype)
         if isinstance(self._action_start, int):
             return int(action) + self._action_start
         return np.asarray(action, dtype=np.int64) + self._action_start

@@ -9,6 +9,9 @@ Rewards follow the reference PocMemoryEnv: a time penalty of 0.1 per step, and +
 rewarding / punishing goal, where min_steps = 1 / step_size + 1 (6 for the default step size 0.2, giving +-1.6).
 With the defaults the best return is exactly 1.0: 2 frozen steps and 4 moves at -0.1, then +1.6 at the goal.
 
+With ``continuous`` the action is a number in [-1, 1] (a 1-D Box) that moves the agent by that many steps of
+``step_size`` (a continuous-control version with the same memory demand and the same best return).
+
 Deliberate differences from the reference (MarcoMeter/episodic-transformer-memory-ppo):
 - Without ``glob`` the agent starts at 0; the reference drew the start from {-0.4, ..., 0.4} even then.
 - The goals are visible in 2 observations, exactly those the agent acts on while frozen; the reference still showed
@@ -47,7 +50,7 @@ class PocMemoryEnv(Env):
     """Proof-of-memory corridor with two goals whose meaning is only shown at the start.
 
     Positions are kept as integer ticks in [-n, n] with n = 1 / step_size, so reaching a goal is an exact comparison
-    (the reference compared rounded floats).
+    (the reference compared rounded floats); continuous moves make them floats, clamped to the goals.
     """
 
     metadata = {"render_modes": ["rgb_array", "human"], "render_fps": 4}
@@ -58,6 +61,7 @@ class PocMemoryEnv(Env):
         glob: bool = False,
         freeze: bool = True,
         max_episode_steps: int = 32,
+        continuous: bool = False,
         render_mode: str | None = None,
     ) -> None:
         """Builds the corridor.
@@ -67,6 +71,7 @@ class PocMemoryEnv(Env):
             glob: Whether the start position is drawn uniformly from all cells between the goals instead of being 0.
             freeze: Whether moves are ignored while the goals are shown.
             max_episode_steps: Steps after which the episode is truncated; -1 for no limit.
+            continuous: Whether an action is a move in [-1, 1] steps (a Box) instead of 0 (left) or 1 (right).
             render_mode: None, "rgb_array" or "human".
         """
         ticks = step_ticks(step_size)
@@ -79,8 +84,12 @@ class PocMemoryEnv(Env):
         self.render_mode = render_mode
         self.goal_reward = 1.0 + (ticks + 1) * TIME_PENALTY
         self.observation_space = spaces.Box(low=-1.0, high=1.0, shape=(3,), dtype=np.float32)
-        self.action_space = spaces.Discrete(2)  # 0: left, 1: right
-        self._position = 0  # in ticks
+        self._continuous = continuous
+        if continuous:  # a move of a (clipped to [-1, 1]) steps
+            self.action_space = spaces.Box(low=-1.0, high=1.0, shape=(1,), dtype=np.float32)
+        else:
+            self.action_space = spaces.Discrete(2)  # 0: left, 1: right
+        self._position = 0  # in ticks (a float with continuous actions)
         self._goal_signals = np.zeros(2, dtype=np.float32)  # (left, right), +1 marks the rewarding goal
         self._steps = 0
         self._return = 0.0
@@ -106,20 +115,19 @@ class PocMemoryEnv(Env):
             self.render()
         return self._observation(), {}
 
-    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
-        """Moves the agent one step left (0) or right (1).
+    def step(self, action: int | np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
+        """Moves the agent one step left (0) or right (1), or by ``action`` steps with continuous actions.
 
         Args:
-            action: 0 or 1.
+            action: 0 or 1; with continuous actions an array (1,) in [-1, 1].
 
         Returns:
             Observation (3,), reward, terminated, truncated and info (with "episode" at the episode's last step).
         """
-        if action not in (0, 1):
-            raise ValueError(f"action = {action!r} is invalid for PocMemoryEnv; use 0 (left) or 1 (right)")
+        move = self._move(action)
         frozen = self._freeze and self._steps < NUM_SHOW_STEPS
         if not frozen:
-            self._position += 1 if action == 1 else -1
+            self._position = min(max(self._position + move, -self._ticks), self._ticks)
         self._steps += 1
 
         terminated = abs(self._position) == self._ticks
@@ -137,6 +145,17 @@ class PocMemoryEnv(Env):
         if self.render_mode == "human":
             self.render()
         return self._observation(), reward, terminated, truncated, info
+
+    def _move(self, action: int | np.ndarray) -> int | float:
+        """The move of an action, in ticks."""
+        if not self._continuous:
+            if action not in (0, 1):
+                raise ValueError(f"action = {action!r} is invalid for PocMemoryEnv; use 0 (left) or 1 (right)")
+            return 1 if action == 1 else -1
+        value = np.asarray(action, dtype=np.float64).reshape(-1)
+        if value.shape != (1,) or not np.isfinite(value[0]) or abs(value[0]) > 1:
+            raise ValueError(f"action = {action!r} is invalid for the continuous PocMemoryEnv; use one number in [-1, 1]")
+        return float(value[0])
 
     def _observation(self) -> np.ndarray:
         """Returns [left_goal_signal, position, right_goal_signal], with the signals zeroed once the goals are hidden."""
@@ -156,7 +175,7 @@ class PocMemoryEnv(Env):
         for cell, signal in ((0, self._goal_signals[0]), (cells - 1, self._goal_signals[1])):
             colour = ((40, 180, 40) if signal > 0 else (200, 40, 40)) if shown else (120, 120, 120)
             frame[_CELL_PX : 2 * _CELL_PX, cell * _CELL_PX : (cell + 1) * _CELL_PX] = colour
-        agent = self._position + self._ticks
+        agent = round(self._position + self._ticks)  # the cell the agent is in (continuous positions rounded)
         pad = _CELL_PX // 4
         frame[_CELL_PX + pad : 2 * _CELL_PX - pad, agent * _CELL_PX + pad : (agent + 1) * _CELL_PX - pad] = (40, 80, 220)
         if self.render_mode != "human":
@@ -204,6 +223,7 @@ FAMILY = EnvFamily(
         "glob": Key(False, "start anywhere between the goals instead of at the centre"),
         "freeze": Key(True, "the agent cannot move while the goals are shown"),
         "max_episode_steps": Key(32, "truncation limit, -1 for none"),
+        "continuous": Key(False, "an action is a move of [-1, 1] steps (a 1-D Box) instead of left or right"),
     },
     check=_check,
     render_modes=(None, "rgb_array", "human"),

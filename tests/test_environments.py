@@ -294,6 +294,7 @@ def test_validate_env_config_fills_defaults_without_touching_the_input() -> None
         "glob": False,
         "freeze": True,
         "max_episode_steps": 32,
+        "continuous": False,
     }
     required = {"MemoryGym": {"name": "MortarMayhem-Grid-v0"}, "Gymnasium": {"id": "CartPole-v1"}}  # keys without default
     for env_type in ENV_TYPES:
@@ -428,3 +429,23 @@ def test_a_family_declaration_validates_its_section() -> None:
     ]:
         with pytest.raises(ValueError, match=message):
             family.validate(bad)
+
+
+def test_continuous_poc_moves_by_the_action_and_keeps_the_best_return() -> None:
+    env = create_env({"type": "PocMemoryEnv", "continuous": True}).unwrapped
+    assert env.action_space == gymnasium.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    env.reset(seed=0)
+    for _ in range(2):  # frozen while the goals are shown
+        obs, *_ = env.step(np.array([1.0], dtype=np.float32))
+    assert obs[1] == 0.0
+    obs, *_ = env.step(np.array([0.5], dtype=np.float32))
+    assert obs[1] == pytest.approx(0.1)  # half a step of 0.2
+    with pytest.raises(ValueError, match=r"one number in \[-1, 1\]"):
+        env.step(np.array([1.5], dtype=np.float32))
+    env.reset(seed=0)
+    side = 1.0 if env._goal_signals[1] > 0 else -1.0
+    total, done = 0.0, False
+    while not done:
+        _, reward, done, _, info = env.step(np.array([side], dtype=np.float32))
+        total += reward
+    assert info["episode"]["success"] == 1.0 and total == pytest.approx(1.0)

@@ -369,7 +369,7 @@ def test_restore_rejects_malformed_states() -> None:
         ([good, {"episode": -1, "actions": []}], r"states\[1\]\['episode'\] = -1"),
         ([good, {"episode": 0, "actions": "01"}], r"states\[1\]\['actions'\] is a str"),
         ([good, {"episode": 0, "actions": [[0], [2]]}], r"states\[1\]\['actions'\]\[1\] = \[2\] is not an action"),
-        ([good, {"episode": 0, "actions": [[0, 1]]}], r"list of 1 int\(s\) in \[0, n\) for n in action_dims = \[2\]"),
+        ([good, {"episode": 0, "actions": [[0, 1]]}], r"list of 1 int\(s\) in \[0, n\) for n in the action counts \[2\]"),
     ]
     with Workers(POC, 2, 0, seed=0) as workers:
         for states, message in cases:
@@ -479,7 +479,7 @@ def test_check_states_names_the_bad_entry_and_returns_plain_ints() -> None:
     cases = [
         ([good, {"episode": True, "actions": []}], r"states\[1\]\['episode'\] = True"),
         ([good, {"episode": 0, "actions": [[2, 1], [3, 0]]}], r"states\[1\]\['actions'\]\[1\] = \[3, 0\] is not an action"),
-        ([{"episode": 0, "actions": [[1]]}, good], r"states\[0\]\['actions'\]\[0\] = \[1\].*action_dims = \[3, 2\]"),
+        ([{"episode": 0, "actions": [[1]]}, good], r"states\[0\]\['actions'\]\[0\] = \[1\].*action counts \[3, 2\]"),
         ([good, good, good], "states has 3 entries, but these Workers run n_envs = 2"),
     ]
     for states, message in cases:

@@ -9,8 +9,8 @@ Importing this module (e.g. through the id "toy_env:ToyCue-v0"; tests/ is on sys
   answer, else reward 0 and success 0.0. The spec limit is 6 steps.
 - ToyCueImage-v0: the same task observed as a uint8 image, (6, 5, 3) for layout "hwc", (3, 6, 5) for "chw" or (6, 5)
   for "hw"; ``cue_image`` computes it.
-- ToyBoxAction-v0 and ToyTupleObs-v0: ToyCue with a Box action space / a Tuple observation space, which the models of
-  this repository cannot take.
+- ToyBoxAction-v0 and ToyTupleObs-v0: ToyCue with a Box action space of infinite bounds / a Tuple observation space,
+  which the models of this repository cannot take.
 """
 
 from __future__ import annotations
@@ -108,11 +108,11 @@ class ToyCueImageEnv(ToyCueEnv):
 
 
 class ToyBoxActionEnv(ToyCueEnv):
-    """ToyCue with a continuous action, which the models cannot take."""
+    """ToyCue with a continuous action without bounds, which a clipped Gaussian policy cannot take."""
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)
-        self.action_space = spaces.Box(low=-1.0, high=1.0, shape=(1,), dtype=np.float32)
+        self.action_space = spaces.Box(low=-np.inf, high=np.inf, shape=(1,), dtype=np.float32)
 
 
 class ToyTupleObsEnv(ToyCueEnv):

@@ -1,0 +1,143 @@
+"""Continuous actions: the action spec, the diagonal Gaussian policy, clipping at the environment, exact replay,
+training that reproduces the rollout, and a memory task learned with them."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import gymnasium
+import numpy as np
+import pytest
+import torch
+from conftest import small_config
+
+from action_spec import ActionSpec
+from buffer import Buffer
+from env_group import to_env_action
+from heads import DiagonalGaussian, make_policy_head
+from model import ActorCriticModel
+from ppo import forward_minibatch
+from trainer import PPOTrainer
+from worker import Workers
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+POC_CONTINUOUS = {"type": "PocMemoryEnv", "continuous": True}
+SPEC = ActionSpec(low=(-1.0, -2.0), high=(1.0, 0.5))
+
+
+def test_action_spec_of_each_supported_space_and_clear_errors() -> None:
+    assert ActionSpec.of(gymnasium.spaces.Discrete(3)) == ActionSpec(counts=(3,))
+    assert ActionSpec.of(gymnasium.spaces.MultiDiscrete([2, 4])).counts == (2, 4)
+    box = ActionSpec.of(gymnasium.spaces.Box(np.array([-1.0, 0.0]), np.array([1.0, 2.0]), dtype=np.float32))
+    assert box.continuous and box.width == 2 and box.low == (-1.0, 0.0) and box.high == (1.0, 2.0)
+    assert ActionSpec.coerce(box.to_dict()) == box and ActionSpec.coerce([3, 2]) == ActionSpec(counts=(3, 2))
+    with pytest.raises(ValueError, match="infinite bounds.*finite low and high"):
+        ActionSpec.of(gymnasium.spaces.Box(-np.inf, np.inf, (2,)))
+    with pytest.raises(ValueError, match="not supported.*1-D Box"):
+        ActionSpec.of(gymnasium.spaces.Box(-1, 1, (2, 2)))
+    with pytest.raises(ValueError, match="not supported"):
+        ActionSpec.of(gymnasium.spaces.Tuple((gymnasium.spaces.Discrete(2), gymnasium.spaces.Discrete(2))))
+
+
+def test_gaussian_matches_torch_normal() -> None:
+    mean, log_std = torch.tensor([[0.5, -1.0], [0.0, 2.0]]), torch.tensor([0.3, -0.7])
+    dist = DiagonalGaussian(mean, log_std)
+    normal = torch.distributions.Normal(mean, log_std.exp())
+    actions = torch.tensor([[1.0, 0.0], [-0.5, 2.5]])
+    torch.testing.assert_close(dist.log_prob(actions), normal.log_prob(actions).sum(-1))
+    torch.testing.assert_close(dist.entropy(), normal.entropy().sum(-1))
+    assert torch.equal(dist.sample(deterministic=True), mean)
+    a = dist.sample(generator=torch.Generator().manual_seed(3))
+    b = dist.sample(generator=torch.Generator().manual_seed(3))
+    assert torch.equal(a, b) and not torch.equal(a, mean)
+
+
+def test_gaussian_head_starts_near_zero_with_unit_std() -> None:
+    torch.manual_seed(0)
+    head = make_policy_head(SPEC, 8, 16)
+    dist = head(torch.randn(5, 8))
+    assert dist.mean.shape == (5, 2) and dist.mean.abs().max() < 0.1
+    assert dist.entropy().shape == (5,)
+    torch.testing.assert_close(dist.entropy(), torch.full((5,), 2 * 0.5 * (1 + math.log(2 * math.pi))))
+
+
+def test_env_actions_are_clipped_to_the_box() -> None:
+    box = gymnasium.spaces.Box(np.array([-1.0, 0.0]), np.array([1.0, 2.0]), dtype=np.float32)
+    clipped = to_env_action(box, [3.0, -1.0])
+    assert clipped.dtype == np.float32 and clipped.tolist() == [1.0, 0.0]
+    assert to_env_action(gymnasium.spaces.Discrete(3), [2]) == 2
+    assert to_env_action(gymnasium.spaces.MultiDiscrete([2, 3]), [1, 2]).dtype == np.int64
+
+
+def test_workers_clip_record_unclipped_and_replay_exactly() -> None:
+    rng = np.random.default_rng(0)
+    with Workers(POC_CONTINUOUS, 2, 0, seed=0) as workers, Workers(POC_CONTINUOUS, 2, 0, seed=0) as copy:
+        assert workers.action_spec == ActionSpec(low=(-1.0,), high=(1.0,)) and workers.action_dims == []
+        workers.reset()
+        for _ in range(4):  # out-of-bounds actions step the environments clipped
+            result = workers.step(rng.normal(0, 2, size=(2, 1)).astype(np.float32))
+        state = workers.state()
+        assert any(abs(a[0]) > 1 for entry in state for a in entry["actions"]), "the unclipped actions are recorded"
+        restored = copy.restore(state)
+        np.testing.assert_array_equal(restored, result.obs)
+        actions = rng.normal(0, 1, size=(2, 1)).astype(np.float32)
+        np.testing.assert_array_equal(workers.step(actions).obs, copy.step(actions).obs)
+
+
+@pytest.mark.parametrize("memory", ["trxl", "gru"])
+@pytest.mark.parametrize("sampling", ["chunks", "steps"])
+def test_training_reproduces_the_rollout_with_continuous_actions(memory: str, sampling: str) -> None:
+    torch.manual_seed(0)
+    n, t = 3, 12
+    config = small_config(memory=memory, n_workers=n, worker_steps=t, sequence_length=4, n_mini_batch=3)
+    model = ActorCriticModel(config, (4,), SPEC)
+    cpu = torch.device("cpu")
+    buffer = Buffer(n, t, (4,), torch.float32, SPEC.width, model.memory.trace(n, t, cpu), cpu, torch.float32)
+    state = model.memory.start(n, cpu)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for step in range(t):
+            obs = torch.rand(n, 4, generator=generator)
+            out = model.step(obs, state)
+            actions = out.policy.sample(generator=generator)
+            buffer.record_step(step, obs, actions, out.policy.log_prob(actions), out.value, out.record)
+            model.memory.commit(state, out.record)
+            state.end_episodes(torch.rand(n, generator=generator) < 0.15)
+    assert buffer.actions.dtype == torch.float32 and buffer.actions.abs().max() > 0
+    for minibatch in buffer.minibatches(3, 4, torch.Generator().manual_seed(1), sampling):
+        out = forward_minibatch(model, minibatch)
+        valid = torch.ones_like(minibatch.log_probs, dtype=torch.bool) if minibatch.valid is None else minibatch.valid
+        log_probs = out.policy.log_prob(minibatch.actions)
+        torch.testing.assert_close(log_probs[valid], minibatch.log_probs[valid], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out.value[valid], minibatch.values[valid], rtol=1e-5, atol=1e-5)
+
+
+def test_resumed_continuous_run_equals_uninterrupted_run(tmp_path: str) -> None:
+    def train(name: str, updates: int, checkpoint: dict | None = None) -> PPOTrainer:
+        config = small_config(environment=dict(POC_CONTINUOUS), updates=updates, eval_interval=0, worker_steps=20,
+                              sequence_length=10)  # fmt: skip
+        folder = os.path.join(tmp_path, name)
+        trainer = PPOTrainer(config, name, torch.device("cpu"), 5, models_dir=folder, summaries_dir=folder,
+                             checkpoint=checkpoint)  # fmt: skip
+        trainer.run()
+        return trainer
+
+    whole = train("whole", 4)
+    first = train("first", 2)
+    checkpoint = torch.load(first.checkpoint_path, weights_only=True)
+    assert any(state["actions"] for state in checkpoint["workers"])
+    assert isinstance(checkpoint["workers"][0]["actions"][0][0], float)
+    resumed = train("first", 4, checkpoint)
+    for (name, a), (_, b) in zip(whole.model.state_dict().items(), resumed.model.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_continuous_proof_of_memory_task_is_learned(tmp_path: str) -> None:
+    """Moving by a continuous amount, the agent still has to remember which end rewards: success >= 0.9 in 20 updates."""
+    from config import load_config
+
+    config = load_config(os.path.join(ROOT, "configs", "poc_memory_env_continuous.yaml"), {"updates": 20})
+    trainer = PPOTrainer(config, "continuous", torch.device("cpu"), 0, models_dir=str(tmp_path), summaries_dir=str(tmp_path))
+    means = trainer.run(log_every=10)
+    assert means["success"] >= 0.9, means
