@@ -61,6 +61,12 @@ class ActionSpec:
             return cls(tuple(value.get("counts", ())), tuple(value.get("low", ())), tuple(value.get("high", ())))
         return cls(counts=tuple(int(n) for n in value))
 
+    def __str__(self) -> str:
+        """The counts (e.g. [3]) or the Box's bounds, for messages."""
+        if self.continuous:
+            return f"continuous in [{list(self.low)}, {list(self.high)}]"
+        return str(list(self.counts))
+
     def to_dict(self) -> dict:
         """Plain lists, for checkpoints and model files."""
         return {"counts": list(self.counts), "low": list(self.low), "high": list(self.high)}

@@ -49,6 +49,7 @@ import torch
 from docopt import docopt
 from torch.utils.flop_counter import FlopCounterMode
 
+import observations
 from config import MEMORY_TYPES, load_config, parse_overrides
 from memory import check_memory_path
 from model import ActorCriticModel
@@ -145,14 +146,17 @@ def long_episode(config_path: str, overrides: dict, steps: int, device: torch.de
     (1000 and ``steps``) and the peak RSS at it, and the bytes a worker's memory state holds."""
     config = load_config(config_path, overrides)
     probe = Workers(config.environment, 1, 0, 0)  # the task's spaces
-    obs_shape, action_dims = probe.observation_space.shape, probe.action_dims
+    obs_shape, action_dims = observations.shape_of(probe.observation_space), probe.action_spec
     probe.close()
     torch.manual_seed(0)
     model = ActorCriticModel(config, obs_shape, action_dims).to(device).eval()
     n = config.n_workers
     state = model.memory.start(n, device)
     model.memory.sync(state)
-    obs = model.prepare(np.random.default_rng(0).random((n, *obs_shape), dtype=np.float32))
+    rng = np.random.default_rng(0)
+    shapes = obs_shape if isinstance(obs_shape, dict) else {"": obs_shape}
+    random = {key: rng.random((n, *shape), dtype=np.float32) for key, shape in shapes.items()}
+    obs = model.prepare(random if isinstance(obs_shape, dict) else random[""])
     marks = sorted({min(1000, steps), steps})
     result = {"memory": config.memory, "workers": n, "episode_steps": steps, "marks": {}}
     window_start = time.perf_counter()

@@ -15,12 +15,19 @@ What the memory keeps of each step (for the TrXL memory: its tokens, in a per-wo
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from typing import NamedTuple
 
 import torch
 
+import observations
 from memory import MemoryTrace
+
+
+def _pick(index: tuple[torch.Tensor, ...], x: torch.Tensor) -> torch.Tensor:
+    """``x[index]``: the entries of a minibatch from one per-step tensor."""
+    return x[index]
 
 
 class Minibatch(NamedTuple):
@@ -30,7 +37,7 @@ class Minibatch(NamedTuple):
     the row's first step; ``valid`` marks the real ones.
     """
 
-    obs: torch.Tensor  # (B, C, *obs_shape), images as uint8 levels
+    obs: torch.Tensor | dict[str, torch.Tensor]  # (B, C, *obs_shape), images as uint8 levels; per key for dicts
     actions: torch.Tensor  # (B, C, A)
     log_probs: torch.Tensor  # (B, C)
     values: torch.Tensor  # (B, C)
@@ -52,8 +59,8 @@ class Buffer:
         self,
         n_workers: int,
         worker_steps: int,
-        observation_shape: tuple[int, ...],
-        observation_dtype: torch.dtype,
+        observation_shape: observations.Shape,
+        observation_dtype: torch.dtype | dict[str, torch.dtype],
         n_action_dims: int,
         trace: MemoryTrace,
         device: torch.device,
@@ -66,7 +73,13 @@ class Buffer:
         self.device = device
         self.trace = trace
         # Images are stored as uint8 levels (see encoders.quantize_images): a quarter of float32's memory.
-        self.obs = torch.zeros(n, t, *observation_shape, dtype=observation_dtype, device=device)
+        if isinstance(observation_shape, dict):  # one tensor per key of a dict observation
+            self.obs = {
+                key: torch.zeros(n, t, *shape, dtype=observation_dtype[key], device=device)
+                for key, shape in observation_shape.items()
+            }
+        else:
+            self.obs = torch.zeros(n, t, *observation_shape, dtype=observation_dtype, device=device)
         self.actions = torch.zeros(n, t, n_action_dims, dtype=action_dtype, device=device)
         self.log_probs = torch.zeros(n, t, device=device)
         self.values = torch.zeros(n, t, device=device)
@@ -92,7 +105,11 @@ class Buffer:
     ) -> None:
         """Store step t of every worker: obs (N, *obs_shape) (uint8 levels for images), actions (N, A),
         log_probs/values (N,), and the memory's record of the step (``MemoryOutput.record``)."""
-        self.obs[:, t] = obs
+        if isinstance(obs, dict):
+            for key, value in obs.items():
+                self.obs[key][:, t] = value
+        else:
+            self.obs[:, t] = obs
         self.actions[:, t] = actions
         self.log_probs[:, t] = log_probs
         self.values[:, t] = values
@@ -153,10 +170,14 @@ class Buffer:
         def chunks(x: torch.Tensor) -> torch.Tensor:
             return x.reshape(self.n_workers, n_chunks, c, *x.shape[2:])  # (N, T / C, C, ...)
 
-        per_step = [chunks(x) for x in (self.obs, self.actions, self.log_probs, self.values, self.advantages, self.returns)]
+        per_step = [
+            observations.apply(chunks, x)
+            for x in (self.obs, self.actions, self.log_probs, self.values, self.advantages, self.returns)
+        ]
         for index in order.chunk(n_mini_batch):
             worker, chunk = index // n_chunks, index % n_chunks
-            yield Minibatch(*(x[worker, chunk] for x in per_step), memory=self.trace.chunks(worker, chunk, c))
+            pick = functools.partial(_pick, (worker, chunk))
+            yield Minibatch(*(observations.apply(pick, x) for x in per_step), memory=self.trace.chunks(worker, chunk, c))
 
     def _arrange_steps(self, index: torch.Tensor) -> Minibatch:
         """The minibatch of the M steps ``index`` (M,) (flat step numbers worker * T + t), in B rows of Q.
@@ -178,4 +199,8 @@ class Buffer:
         valid[row, column] = True
         rows = workers.unsqueeze(1)  # (B, 1)
         per_step = (self.obs, self.actions, self.log_probs, self.values, self.advantages, self.returns)
-        return Minibatch(*(x[rows, times] for x in per_step), memory=self.trace.single_steps(workers, times), valid=valid)
+        return Minibatch(
+            *(observations.apply(functools.partial(_pick, (rows, times)), x) for x in per_step),
+            memory=self.trace.single_steps(workers, times),
+            valid=valid,
+        )

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+import observations
 from action_spec import ActionSpec
 from config import Config, ConfigError, validate_config
 from memory import MemoryState, MemoryTrace
@@ -53,7 +54,7 @@ def save_model(model: ActorCriticModel, config: Config, path: str) -> None:
             "kind": "model",
             "model": model.state_dict(),
             "config": config.to_dict(),
-            "observation_shape": list(model.observation_shape),
+            "observation_shape": observations.plain_shape(model.observation_shape),
             "action_dims": list(model.action_dims),
             "actions": model.actions.to_dict(),
         },
@@ -92,7 +93,7 @@ def load_model(path: str, device: torch.device) -> tuple[ActorCriticModel, Confi
         config = validate_config(payload["config"])
     except ConfigError as error:
         raise ValueError(f"'{path}' holds a config this version cannot read: {error}") from None
-    model = ActorCriticModel(config, tuple(payload["observation_shape"]), saved_actions(payload))
+    model = ActorCriticModel(config, observations.normalize_shape(payload["observation_shape"]), saved_actions(payload))
     load_weights(model, payload["model"], path)
     return model.to(device), config
 
@@ -137,7 +138,7 @@ def snapshot_training(
         "model": {key: value.detach().cpu().clone() for key, value in model.state_dict().items()},
         "optimizer": copy.deepcopy(optimizer.state_dict()),
         "config": config.to_dict(),
-        "observation_shape": list(model.observation_shape),
+        "observation_shape": observations.plain_shape(model.observation_shape),
         "action_dims": list(model.action_dims),
         "actions": model.actions.to_dict(),
         "run_id": progress.run_id,
@@ -167,8 +168,8 @@ def restore_training(
 ) -> Progress:
     """Load a ``snapshot_training`` payload into freshly built parts; the caller restores the workers from
     ``payload["workers"]``. Returns the run's progress."""
-    found = (tuple(payload["observation_shape"]), saved_actions(payload))
-    expected = (tuple(model.observation_shape), model.actions)
+    found = (observations.normalize_shape(payload["observation_shape"]), saved_actions(payload))
+    expected = (model.observation_shape, model.actions)
     if found != expected:
         raise ValueError(
             f"the checkpoint's model takes observations {found[0]} and actions {found[1]}, but the environment "

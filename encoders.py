@@ -45,20 +45,22 @@ class _ConvOnLevels(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, levels: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, stride: int) -> torch.Tensor:
+    def forward(
+        ctx, levels: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, stride: int, padding: int = 0
+    ) -> torch.Tensor:
         ctx.save_for_backward(levels, weight)
-        ctx.stride = stride
-        return F.conv2d(_channels_last_floats(levels), weight / 255, bias, stride)
+        ctx.stride, ctx.padding = stride, padding
+        return F.conv2d(_channels_last_floats(levels), weight / 255, bias, stride, padding)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[None, torch.Tensor | None, torch.Tensor | None, None]:
+    def backward(ctx, grad: torch.Tensor) -> tuple[None, torch.Tensor | None, torch.Tensor | None, None, None]:
         levels, weight = ctx.saved_tensors
-        stride = ctx.stride
+        stride, padding = ctx.stride, ctx.padding
         _, grad_weight, grad_bias = torch.ops.aten.convolution_backward(
-            grad, _channels_last_floats(levels), weight / 255, [weight.shape[0]], [stride, stride], [0, 0], [1, 1],
-            False, [0, 0], 1, [False, ctx.needs_input_grad[1], ctx.needs_input_grad[2]],
+            grad, _channels_last_floats(levels), weight / 255, [weight.shape[0]], [stride, stride], [padding, padding],
+            [1, 1], False, [0, 0], 1, [False, ctx.needs_input_grad[1], ctx.needs_input_grad[2]],
         )  # fmt: skip
-        return None, None if grad_weight is None else grad_weight / 255, grad_bias, None
+        return None, None if grad_weight is None else grad_weight / 255, grad_bias, None, None
 
 
 def _channels_last_floats(images: torch.Tensor) -> torch.Tensor:
@@ -66,9 +68,23 @@ def _channels_last_floats(images: torch.Tensor) -> torch.Tensor:
     return images.to(dtype=torch.float32, memory_format=torch.channels_last)
 
 
+# (out channels, kernel, stride, padding) of the image encoder's convolutions: the reference's (the Nature DQN's) for
+# images of at least 36 pixels a side, and 3x3 convolutions with padding for smaller ones, which the 8x8/4 kernels
+# would shrink to nothing (any size from 1 pixel; a 12x12 image ends as 64 x 6 x 6 features).
+NATURE_LAYERS = ((32, 8, 4, 0), (64, 4, 2, 0), (64, 3, 1, 0))
+SMALL_LAYERS = ((32, 3, 1, 1), (64, 3, 2, 1), (64, 3, 1, 1))
+SMALL_IMAGE = 36  # sides below this get SMALL_LAYERS
+
+
+def conv_layers(height: int, width: int) -> tuple[tuple[int, int, int, int], ...]:
+    """The convolutions for images of this size (``NATURE_LAYERS`` or ``SMALL_LAYERS``)."""
+    return NATURE_LAYERS if min(height, width) >= SMALL_IMAGE else SMALL_LAYERS
+
+
 class ImageEncoder(nn.Module):
-    """The reference's convolutions (32x8/4, 64x4/2, 64x3/1, ReLU after each), then Linear + ReLU to D (none without
-    ``embed_dim``: D is then the flattened convolution output).
+    """The reference's convolutions (32x8/4, 64x4/2, 64x3/1, ReLU after each; 3x3 ones for images smaller than 36
+    pixels, see ``conv_layers``), then Linear + ReLU to D (none without ``embed_dim``: D is then the flattened
+    convolution output).
 
     Images arrive as uint8 levels (``prepare``), a quarter of float32's memory in the buffer; float images in [0, 1]
     are accepted too.
@@ -81,15 +97,11 @@ class ImageEncoder(nn.Module):
         self.observation_shape = tuple(observation_shape)
         # In-place ReLUs: a convolution's output is not needed for its backward, so the minibatch keeps one copy of
         # each activation instead of two.
-        self.conv = nn.Sequential(
-            orthogonal(nn.Conv2d(observation_shape[0], 32, 8, stride=4), np.sqrt(2)),
-            nn.ReLU(inplace=True),
-            orthogonal(nn.Conv2d(32, 64, 4, stride=2), np.sqrt(2)),
-            nn.ReLU(inplace=True),
-            orthogonal(nn.Conv2d(64, 64, 3, stride=1), np.sqrt(2)),
-            nn.ReLU(inplace=True),
-            nn.Flatten(),
-        )
+        layers, channels = [], observation_shape[0]
+        for out, kernel, stride, padding in conv_layers(*observation_shape[1:]):
+            layers += [orthogonal(nn.Conv2d(channels, out, kernel, stride, padding), np.sqrt(2)), nn.ReLU(inplace=True)]
+            channels = out
+        self.conv = nn.Sequential(*layers, nn.Flatten())
         with torch.no_grad():
             features = self.conv(torch.zeros(1, *observation_shape)).shape[1]
         self.embedding = None if embed_dim is None else orthogonal(nn.Linear(features, embed_dim), np.sqrt(2))
@@ -105,7 +117,7 @@ class ImageEncoder(nn.Module):
         x = obs.reshape(b * q, *self.observation_shape)
         first = self.conv[0]
         if x.dtype == torch.uint8:
-            x = _ConvOnLevels.apply(x, first.weight, first.bias, first.stride[0])
+            x = _ConvOnLevels.apply(x, first.weight, first.bias, first.stride[0], first.padding[0])
         else:
             x = first(_channels_last_floats(x))
         x = self.conv[1:](x)  # channels-last activations from here on, flattened in (C, H, W) order
@@ -135,8 +147,40 @@ class VectorEncoder(nn.Module):
         return obs if self.embedding is None else torch.relu(self.embedding(obs))
 
 
-def make_encoder(observation_shape: tuple[int, ...], embed_dim: int | None) -> nn.Module:
-    """The encoder for an observation shape: (C, H, W) images or (F,) vectors; ``embed_dim`` None: raw features."""
+class DictEncoder(nn.Module):
+    """Dict observations: each key's own encoder without an embedding (images: the convolutions; vectors: as they are),
+    the features concatenated in key order, then Linear + ReLU to D (the concatenation itself without ``embed_dim``)."""
+
+    def __init__(self, observation_shape: dict[str, tuple[int, ...]], embed_dim: int | None) -> None:
+        super().__init__()
+        self.keys = sorted(observation_shape)
+        self.parts = nn.ModuleDict({key: make_encoder(observation_shape[key], None) for key in self.keys})
+        features = sum(part.output_dim for part in self.parts.values())
+        self.embedding = None if embed_dim is None else orthogonal(nn.Linear(features, embed_dim), np.sqrt(2))
+        self.output_dim = features if embed_dim is None else embed_dim
+
+    @property
+    def storage_dtype(self) -> dict[str, torch.dtype]:
+        return {key: self.parts[key].storage_dtype for key in self.keys}
+
+    def prepare(self, obs: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        """Each key's observations as its encoder keeps them (uint8 levels for images)."""
+        missing = [key for key in self.keys if key not in obs]
+        if missing:
+            raise ValueError(f"the observation lacks the key(s) {missing}; the model was built for {self.keys}")
+        return {key: self.parts[key].prepare(obs[key]) for key in self.keys}
+
+    def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """{key: (B, Q, *shape)} -> (B, Q, D)."""
+        x = torch.cat([self.parts[key](obs[key]) for key in self.keys], dim=-1)
+        return x if self.embedding is None else torch.relu(self.embedding(x))
+
+
+def make_encoder(observation_shape: tuple[int, ...] | dict, embed_dim: int | None) -> nn.Module:
+    """The encoder for an observation shape: (C, H, W) images, (F,) vectors or a dict of them; ``embed_dim`` None: raw
+    features."""
+    if isinstance(observation_shape, dict):
+        return DictEncoder(observation_shape, embed_dim)
     if len(observation_shape) == 3:
         return ImageEncoder(observation_shape, embed_dim)
     if len(observation_shape) == 1:
@@ -147,30 +191,29 @@ def make_encoder(observation_shape: tuple[int, ...], embed_dim: int | None) -> n
 class ImageDecoder(nn.Module):
     """Features (..., D) -> logits of an image (..., C, H, W): the encoder's convolutions mirrored (observation
     reconstruction, as CleanRL's ppo_trxl: Linear + ReLU to the last convolution's map, then transposed convolutions
-    64x3/1, 32x4/2 and Cx8/4 with ReLU between them; a sigmoid of the logits is the reconstructed image)."""
+    64x3/1, 32x4/2 and Cx8/4 with ReLU between them, or the mirror of the small-image convolutions; a sigmoid of the
+    logits is the reconstructed image)."""
 
     def __init__(self, observation_shape: tuple[int, int, int], in_dim: int) -> None:
         super().__init__()
         channels, height, width = observation_shape
+        layers = conv_layers(height, width)
         sizes = [(height, width)]  # the spatial size before each encoder convolution, and after the last
-        for kernel, stride in ((8, 4), (4, 2), (3, 1)):
-            h, w = sizes[-1]
-            sizes.append(((h - kernel) // stride + 1, (w - kernel) // stride + 1))
-        self.map_shape = (64, *sizes[-1])
-
-        def up(c_in: int, c_out: int, kernel: int, stride: int, target: tuple[int, int]) -> nn.Module:
+        for _, kernel, stride, padding in layers:
+            sizes.append(tuple((side + 2 * padding - kernel) // stride + 1 for side in sizes[-1]))
+        self.map_shape = (layers[-1][0], *sizes[-1])
+        deconv = []
+        for i in reversed(range(len(layers))):  # each encoder convolution mirrored, the last one first
+            _, kernel, stride, padding = layers[i]
+            c_in, c_out = layers[i][0], layers[i - 1][0] if i > 0 else channels
             # output_padding restores the rows and columns that the encoder's stride dropped
-            padding = tuple((size - kernel) % stride for size in target)
-            return orthogonal(nn.ConvTranspose2d(c_in, c_out, kernel, stride, output_padding=padding), np.sqrt(2))
-
+            made = tuple((side - 1) * stride - 2 * padding + kernel for side in sizes[i + 1])
+            extra = tuple(target - side for target, side in zip(sizes[i], made, strict=True))
+            deconv.append(orthogonal(nn.ConvTranspose2d(c_in, c_out, kernel, stride, padding, extra), np.sqrt(2)))
+            if i > 0:
+                deconv.append(nn.ReLU(inplace=True))
         self.linear = orthogonal(nn.Linear(in_dim, int(np.prod(self.map_shape))), np.sqrt(2))
-        self.deconv = nn.Sequential(
-            up(64, 64, 3, 1, sizes[2]),
-            nn.ReLU(inplace=True),
-            up(64, 32, 4, 2, sizes[1]),
-            nn.ReLU(inplace=True),
-            up(32, channels, 8, 4, sizes[0]),
-        )
+        self.deconv = nn.Sequential(*deconv)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         lead = features.shape[:-1]
@@ -200,8 +243,12 @@ class VectorDecoder(nn.Module):
         return F.mse_loss(prediction, obs)
 
 
-def make_decoder(observation_shape: tuple[int, ...], in_dim: int) -> nn.Module:
+def make_decoder(observation_shape: tuple[int, ...] | dict, in_dim: int) -> nn.Module:
     """The observation decoder for an observation shape (``reconstruction_coefficient`` > 0)."""
+    if isinstance(observation_shape, dict):
+        raise ValueError(
+            "observation reconstruction is not implemented for Dict observations: set reconstruction_coefficient to 0"
+        )
     if len(observation_shape) == 3:
         return ImageDecoder(observation_shape, in_dim)
     if len(observation_shape) == 1:

@@ -20,6 +20,7 @@ from typing import NamedTuple, Protocol
 import gymnasium
 import numpy as np
 
+import observations
 from environments import create_env
 
 
@@ -65,9 +66,9 @@ def episode_seed(base_seed: int, index: int, episode: int, evaluation: bool = Fa
     return (hashed & ~1) | int(evaluation)
 
 
-def stack_observations(obs: list[np.ndarray]) -> np.ndarray:
-    """Stacks one observation (*obs_shape) per environment into (n, *obs_shape) float32."""
-    return np.stack(obs).astype(np.float32, copy=False)
+def stack_observations(obs: list[np.ndarray] | list[dict]) -> np.ndarray | dict:
+    """Stacks one observation (*obs_shape) per environment into (n, *obs_shape) float32 (per key for dicts)."""
+    return observations.stack(obs)
 
 
 class Recorder(Protocol):

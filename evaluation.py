@@ -14,6 +14,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+import observations
 from aggregation import bootstrap_ci, interquartile_mean, mean
 from config import Config
 from env_group import to_env_action
@@ -64,7 +65,7 @@ def evaluate(
             state.end_episodes(torch.ones(1, dtype=torch.bool, device=device))
             step, info = 0, {}
             while "episode" not in info:
-                out = model.step(model.prepare(obs[None]), state, return_attention=attention)
+                out = model.step(model.prepare(observations.apply(lambda x: x[None], obs)), state, return_attention=attention)
                 actions = out.policy.sample(deterministic, generator)
                 weights = memory.attention_over_steps(state, out.attention) if attention else None
                 memory.commit(state, out.record)

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+import observations
 from action_spec import ActionSpec
 from config import Config
 from encoders import make_decoder, make_encoder
@@ -43,7 +44,7 @@ class ActorCriticModel(nn.Module):
     def __init__(
         self,
         config: Config,
-        observation_shape: tuple[int, ...],
+        observation_shape: observations.Shape,
         actions: ActionSpec | list[int],
         memory_path: str = "fast",
     ) -> None:
@@ -51,12 +52,12 @@ class ActorCriticModel(nn.Module):
 
         Args:
             config: the training config (uses ``memory`` and its section, ``memory_dtype`` and ``hidden_layer_size``).
-            observation_shape: (C, H, W) images with values in [0, 1], or (F,) vectors.
+            observation_shape: (C, H, W) images with values in [0, 1], (F,) vectors, or a dict of them by key.
             actions: the action space (``heads.ActionSpec``), or the number of actions of each action dimension.
             memory_path: "fast" or "plain" (see trxl_memory.py); the weights are the same either way.
         """
         super().__init__()
-        self.observation_shape = tuple(observation_shape)
+        self.observation_shape = observations.normalize_shape(observation_shape)
         self.actions = ActionSpec.coerce(actions)
         self.action_dims = list(self.actions.counts)  # Discrete / MultiDiscrete; empty for continuous actions
         self.encoder = make_encoder(self.observation_shape, memory_input_dim(config))
@@ -68,8 +69,8 @@ class ActorCriticModel(nn.Module):
         self.decoder = make_decoder(self.observation_shape, dim) if config.reconstruction_coefficient > 0 else None
 
     @property
-    def storage_dtype(self) -> torch.dtype:
-        """The dtype of observations as ``prepare`` makes them (uint8 levels for images)."""
+    def storage_dtype(self) -> torch.dtype | dict[str, torch.dtype]:
+        """The dtype of observations as ``prepare`` makes them (uint8 levels for images; per key for dicts)."""
         return self.encoder.storage_dtype
 
     def prepare(self, obs: np.ndarray) -> torch.Tensor:
@@ -84,7 +85,7 @@ class ActorCriticModel(nn.Module):
 
         Leaves ``state`` as it is; ``self.memory.commit(state, out.record)`` remembers the step once it is taken.
         """
-        h = self.encoder(obs.unsqueeze(1))[:, 0]  # (n, D)
+        h = self.encoder(observations.apply(lambda x: x.unsqueeze(1), obs))[:, 0]  # (n, D)
         out = self.memory.step(h, state, index, return_attention)
         return PolicyOutput(self.policy(out.features), self.value(out.features), out.record, out.attention)
 
@@ -106,7 +107,7 @@ class ActorCriticModel(nn.Module):
         else:
             # Rows are padded to the longest (a quarter to a third of a minibatch in the shipped configs), and the
             # encoder is the costliest per-step part: it sees the M real observations only.
-            encoded = self.encoder(obs[valid].unsqueeze(1))[:, 0]  # (M, D)
+            encoded = self.encoder(observations.apply(lambda x: x[valid].unsqueeze(1), obs))[:, 0]  # (M, D)
             h = encoded.new_zeros(*valid.shape, encoded.shape[-1]).masked_scatter(valid.unsqueeze(-1), encoded)
         out = self.memory.forward_steps(h, context)
         return PolicyOutput(self.policy(out.features), self.value(out.features), out.record, out.attention, out.features)

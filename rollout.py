@@ -18,6 +18,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+import observations
 from buffer import Buffer
 from memory import MemoryState
 from model import ActorCriticModel
@@ -88,7 +89,7 @@ class RolloutCollector:
         if truncated.any():
             # A time limit is no terminal state: bootstrap from the final observation with its own episode's memory.
             index = truncated.nonzero().squeeze(1)
-            final_obs = self.model.prepare(np.stack([result.final_obs[i] for i in index.tolist()]))
+            final_obs = self.model.prepare(observations.stack([result.final_obs[i] for i in index.tolist()]))
             final_values[index] = self.values(final_obs, index)
         rewards = torch.as_tensor(result.rewards, dtype=torch.float32, device=self.device)
         self.buffer.record_outcome(t, rewards, terminated, truncated, final_values)

@@ -26,9 +26,11 @@ import tempfile
 
 import torch
 
-from checkpoint import load_file
+from action_spec import ActionSpec
+from checkpoint import load_file, saved_actions
 from cli import ROOT, parse_args, shipped_path
 from config import ConfigError, apply_overrides, load_config, parse_overrides, validate_config
+from observations import normalize_shape, shape_of
 from trainer import PPOTrainer, TrainingStopped, check_memory_path
 from worker import WorkerError
 
@@ -103,10 +105,8 @@ def _environment_shapes(environment: dict) -> str:
     except Exception:  # only for the message: the environment's own errors show when training starts
         return ""
     try:
-        space = env.action_space
-        actions = [int(space.n)] if hasattr(space, "n") else [int(n) for n in space.nvec]
-        return f"observations {tuple(env.observation_space.shape)} and actions {actions}"
-    except (AttributeError, TypeError):
+        return f"observations {shape_of(env.observation_space)} and actions {ActionSpec.of(env.action_space)}"
+    except (AttributeError, TypeError, ValueError):
         return ""
     finally:
         env.close()
@@ -128,7 +128,7 @@ def check_resume_shapes(checkpoint: dict, config: dict) -> None:
             keys = ["type"] if old.get("type") != new.get("type") else sorted(set(old) | set(new), key=str)
             differ = ", ".join(f"environment.{k} {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k))
             saved_shapes = (
-                f"observations {tuple(checkpoint['observation_shape'])} and actions {list(checkpoint['action_dims'])}"
+                f"observations {normalize_shape(checkpoint['observation_shape'])} and actions {saved_actions(checkpoint)}"
             )
             new_shapes = _environment_shapes(new)
             new_shapes = f", the new environment gives {new_shapes}" if new_shapes else ""

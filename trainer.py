@@ -17,6 +17,7 @@ import traceback
 import numpy as np
 import torch
 
+import observations
 from buffer import Buffer
 from checkpoint import Progress, atomic_save, restore_training, save_model, snapshot_training
 from config import Config
@@ -67,7 +68,7 @@ class PPOTrainer:
         generator = torch.Generator().manual_seed(seed)
 
         self.workers = Workers(config.environment, config.n_workers, config.n_processes, seed)
-        obs_shape = self.workers.observation_space.shape
+        obs_shape = observations.shape_of(self.workers.observation_space)
         actions = self.workers.action_spec
         self.model = ActorCriticModel(config, obs_shape, actions, memory_path).to(device)
         self.learner = PPOLearner(self.model, config, generator)

@@ -25,6 +25,7 @@ from multiprocessing.connection import Connection
 import gymnasium
 import numpy as np
 
+import observations
 from action_spec import ActionSpec
 from env_group import EnvGroup, StepResult, WorkerError, episode_seed, is_int
 from environments import validate_env_config
@@ -266,7 +267,7 @@ def _merge(results: list[StepResult]) -> StepResult:
     if len(results) == 1:
         return results[0]
     return StepResult(
-        obs=np.concatenate([result.obs for result in results]),
+        obs=observations.concatenate([result.obs for result in results]),
         rewards=np.concatenate([result.rewards for result in results]),
         terminated=np.concatenate([result.terminated for result in results]),
         truncated=np.concatenate([result.truncated for result in results]),
@@ -350,7 +351,7 @@ class Workers:
         Returns:
             First observations (N, *obs_shape) float32.
         """
-        obs = np.concatenate(self._dispatch("reset", [None] * len(self._transport.splits)))
+        obs = observations.concatenate(self._dispatch("reset", [None] * len(self._transport.splits)))
         self._started = True
         return obs
 
@@ -410,7 +411,7 @@ class Workers:
                 or if an environment fails; the workers are closed in both cases.
         """
         states = check_states(states, self.n_envs, self.action_spec)
-        obs = np.concatenate(self._dispatch("restore", self._split(states)))
+        obs = observations.concatenate(self._dispatch("restore", self._split(states)))
         self._started = True
         return obs
 

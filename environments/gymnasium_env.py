@@ -10,7 +10,9 @@ Config::
       episode_info: [success]                # numeric keys of the final info reported per episode, where present
 
 Observations become what the models take: a uint8 Box image (H, W, C) or (C, H, W) with C in 1..4 becomes (C, H, W)
-float32 in [0, 1] (a (H, W) image becomes (1, H, W)); a 1-D Box vector of any dtype becomes float32 unchanged.
+float32 in [0, 1] (a (H, W) image becomes (1, H, W)); a 1-D Box vector of any dtype becomes float32 unchanged; a
+Discrete or 1-D MultiDiscrete observation becomes a one-hot float32 vector (one block per entry); a Dict of these
+(not nested) becomes a dict of them, each key encoded by its own encoder.
 Actions must be Discrete or (1-D) MultiDiscrete, where a nonzero ``start`` is shifted to 0, or a 1-D Box with finite
 bounds (continuous actions; the workers clip them to the bounds). Time limits come from
 gymnasium's TimeLimit wrapper and stay truncations; a step that is both terminated and truncated counts as terminated.
@@ -32,8 +34,9 @@ from action_spec import ActionSpec
 from environments.registry import REQUIRED, EnvFamily, Key, invalid
 
 SUPPORTED = (
-    "supported: observations as a Box of uint8 images (H, W, C) or (C, H, W) with C in 1..4 or (H, W), or a 1-D Box "
-    "vector of any dtype; actions as Discrete, 1-D MultiDiscrete or a 1-D Box with finite bounds"
+    "supported: observations as a Box of uint8 images (H, W, C) or (C, H, W) with C in 1..4 or (H, W), a 1-D Box "
+    "vector of any dtype, Discrete or 1-D MultiDiscrete (one-hot), or a Dict of these; actions as Discrete, "
+    "1-D MultiDiscrete or a 1-D Box with finite bounds"
 )
 
 _RESERVED_KWARGS = {
@@ -113,7 +116,7 @@ def _probe(env_id: str, kwargs: dict) -> _Probe:
         probe = _Probe(spec, env.observation_space, env.action_space, tuple(env.metadata.get("render_modes") or ()))
     finally:
         env.close()
-    if _image_layout(probe.observation_space) is None:
+    if _layout(probe.observation_space) is None:
         raise ValueError(
             f"environment.id = {env_id!r} has the observation space {probe.observation_space}, which the models cannot "
             f"take; {SUPPORTED}"
@@ -126,11 +129,23 @@ def _probe(env_id: str, kwargs: dict) -> _Probe:
     return probe
 
 
-def _image_layout(space: spaces.Space) -> str | None:
-    """How to turn an observation of the space into the models' input: "vector", "hwc", "chw" or "hw"; None if unsupported.
+def _layout(space: spaces.Space) -> str | tuple | dict | None:
+    """How to turn an observation of the space into the models' input: "vector", "hwc", "chw", "hw", ("onehot", counts)
+    or a dict of these for a Dict space; None if unsupported (also when any key of a Dict is).
 
     A uint8 (H, W, C) whose first and last sides both fit a channel count is taken as gymnasium's usual HWC.
     """
+    if isinstance(space, spaces.Dict):
+        if not space.spaces:
+            return None
+        layouts = {key: _layout(sub) for key, sub in space.spaces.items()}
+        if any(layout is None or isinstance(layout, dict) for layout in layouts.values()):
+            return None  # an unsupported key, or a nested Dict
+        return layouts
+    if isinstance(space, spaces.Discrete):
+        return ("onehot", (int(space.n),))
+    if isinstance(space, spaces.MultiDiscrete) and space.nvec.ndim == 1:
+        return ("onehot", tuple(int(n) for n in space.nvec))
     if not isinstance(space, spaces.Box):
         return None
     shape = space.shape
@@ -145,6 +160,37 @@ def _image_layout(space: spaces.Space) -> str | None:
     if len(shape) == 3 and 1 <= shape[0] <= 4:
         return "chw"
     return None
+
+
+def _converted_space(space: spaces.Space, layout: str | tuple | dict) -> spaces.Space:
+    """The observation space the models see for a space of this layout."""
+    if isinstance(layout, dict):
+        return spaces.Dict({key: _converted_space(space[key], layout[key]) for key in sorted(layout)})
+    if layout == "vector":
+        return spaces.Box(low=space.low.astype(np.float32), high=space.high.astype(np.float32), dtype=np.float32)
+    if isinstance(layout, tuple):  # one-hot
+        return spaces.Box(low=0.0, high=1.0, shape=(sum(layout[1]),), dtype=np.float32)
+    shape = _convert(np.zeros(space.shape, dtype=np.uint8), layout).shape
+    return spaces.Box(low=0.0, high=1.0, shape=shape, dtype=np.float32)
+
+
+def _convert(obs: object, layout: str | tuple | dict) -> np.ndarray | dict:
+    """An observation of the environment as the models take it (see the module docstring)."""
+    if isinstance(layout, dict):
+        return {key: _convert(obs[key], layout[key]) for key in sorted(layout)}
+    if isinstance(layout, tuple):  # one-hot blocks, one per entry
+        counts = layout[1]
+        out = np.zeros(sum(counts), dtype=np.float32)
+        out[np.cumsum((0,) + counts[:-1]) + np.asarray(obs, dtype=np.int64).reshape(-1)] = 1.0
+        return out
+    obs = np.asarray(obs)
+    if layout == "vector":
+        return obs.astype(np.float32)
+    if layout == "hwc":
+        obs = obs.transpose(2, 0, 1)
+    elif layout == "hw":
+        obs = obs[None]
+    return np.ascontiguousarray(obs, dtype=np.float32) / 255.0
 
 
 def _action_start(space: spaces.Space) -> int | np.ndarray | None:
@@ -201,13 +247,8 @@ class GymnasiumEnv(gymnasium.Wrapper):
         super().__init__(gymnasium.make(spec, **kwargs))
 
         inner = self.env.observation_space
-        self._layout = _image_layout(inner)
-        if self._layout == "vector":
-            low, high = inner.low.astype(np.float32), inner.high.astype(np.float32)
-            self.observation_space = spaces.Box(low=low, high=high, dtype=np.float32)
-        else:
-            shape = self._observe(np.zeros(inner.shape, dtype=np.uint8)).shape
-            self.observation_space = spaces.Box(low=0.0, high=1.0, shape=shape, dtype=np.float32)
+        self._layout = _layout(inner)
+        self.observation_space = _converted_space(inner, self._layout)
         self._action_start = _action_start(self.env.action_space)
         inner_actions = self.env.action_space
         if isinstance(inner_actions, spaces.Discrete):
@@ -267,16 +308,10 @@ class GymnasiumEnv(gymnasium.Wrapper):
             return int(action) + self._action_start
         return np.asarray(action, dtype=np.int64) + self._action_start
 
-    def _observe(self, obs: np.ndarray) -> np.ndarray:
-        """Turns the environment's observation into a float32 vector, or a (C, H, W) float32 image in [0, 1]."""
-        obs = np.asarray(obs)
-        if self._layout == "vector":
-            return obs.astype(np.float32)
-        if self._layout == "hwc":
-            obs = obs.transpose(2, 0, 1)
-        elif self._layout == "hw":
-            obs = obs[None]
-        return np.ascontiguousarray(obs, dtype=np.float32) / 255.0
+    def _observe(self, obs: object) -> np.ndarray | dict:
+        """The environment's observation as the models take it: a float32 vector, a (C, H, W) float32 image in
+        [0, 1], or a dict of them."""
+        return _convert(obs, self._layout)
 
 
 def _check(config: dict) -> None:

@@ -12,6 +12,10 @@ With the defaults the best return is exactly 1.0: 2 frozen steps and 4 moves at 
 With ``continuous`` the action is a number in [-1, 1] (a 1-D Box) that moves the agent by that many steps of
 ``step_size`` (a continuous-control version with the same memory demand and the same best return).
 
+With ``dict_observation`` the observation is a dict: "image", the corridor as a (1, 1, 2 n + 1) image with the agent's
+cell lit (the position, no cue), and "cue", the two goal signals while they are shown and zeros afterwards: the cue is
+only in the vector part, and the agent needs both parts and its memory.
+
 Deliberate differences from the reference (MarcoMeter/episodic-transformer-memory-ppo):
 - Without ``glob`` the agent starts at 0; the reference drew the start from {-0.4, ..., 0.4} even then.
 - The goals are visible in 2 observations, exactly those the agent acts on while frozen; the reference still showed
@@ -62,6 +66,7 @@ class PocMemoryEnv(Env):
         freeze: bool = True,
         max_episode_steps: int = 32,
         continuous: bool = False,
+        dict_observation: bool = False,
         render_mode: str | None = None,
     ) -> None:
         """Builds the corridor.
@@ -72,6 +77,7 @@ class PocMemoryEnv(Env):
             freeze: Whether moves are ignored while the goals are shown.
             max_episode_steps: Steps after which the episode is truncated; -1 for no limit.
             continuous: Whether an action is a move in [-1, 1] steps (a Box) instead of 0 (left) or 1 (right).
+            dict_observation: Whether observations are {"image": the corridor (1, 1, 2 n + 1), "cue": (2,)}.
             render_mode: None, "rgb_array" or "human".
         """
         ticks = step_ticks(step_size)
@@ -83,7 +89,16 @@ class PocMemoryEnv(Env):
         self.max_episode_steps = max_episode_steps
         self.render_mode = render_mode
         self.goal_reward = 1.0 + (ticks + 1) * TIME_PENALTY
-        self.observation_space = spaces.Box(low=-1.0, high=1.0, shape=(3,), dtype=np.float32)
+        self._dict_observation = dict_observation
+        if dict_observation:
+            self.observation_space = spaces.Dict(
+                {
+                    "cue": spaces.Box(low=-1.0, high=1.0, shape=(2,), dtype=np.float32),
+                    "image": spaces.Box(low=0.0, high=1.0, shape=(1, 1, 2 * ticks + 1), dtype=np.float32),
+                }
+            )
+        else:
+            self.observation_space = spaces.Box(low=-1.0, high=1.0, shape=(3,), dtype=np.float32)
         self._continuous = continuous
         if continuous:  # a move of a (clipped to [-1, 1]) steps
             self.action_space = spaces.Box(low=-1.0, high=1.0, shape=(1,), dtype=np.float32)
@@ -157,9 +172,14 @@ class PocMemoryEnv(Env):
             raise ValueError(f"action = {action!r} is invalid for the continuous PocMemoryEnv; use one number in [-1, 1]")
         return float(value[0])
 
-    def _observation(self) -> np.ndarray:
-        """Returns [left_goal_signal, position, right_goal_signal], with the signals zeroed once the goals are hidden."""
+    def _observation(self) -> np.ndarray | dict:
+        """Returns [left_goal_signal, position, right_goal_signal], with the signals zeroed once the goals are hidden
+        (or, with ``dict_observation``, the corridor image and the signals)."""
         left, right = self._goal_signals if self._steps < NUM_SHOW_STEPS else (0.0, 0.0)
+        if self._dict_observation:
+            image = np.zeros((1, 1, 2 * self._ticks + 1), dtype=np.float32)
+            image[0, 0, round(self._position + self._ticks)] = 1.0
+            return {"cue": np.array([left, right], dtype=np.float32), "image": image}
         return np.array([left, self._position / self._ticks, right], dtype=np.float32)
 
     def render(self) -> np.ndarray | None:
@@ -224,6 +244,7 @@ FAMILY = EnvFamily(
         "freeze": Key(True, "the agent cannot move while the goals are shown"),
         "max_episode_steps": Key(32, "truncation limit, -1 for none"),
         "continuous": Key(False, "an action is a move of [-1, 1] steps (a 1-D Box) instead of left or right"),
+        "dict_observation": Key(False, 'observations are {"image": the corridor, "cue": the goal signals}'),
     },
     check=_check,
     render_modes=(None, "rgb_array", "human"),

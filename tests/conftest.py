@@ -28,3 +28,63 @@ def small_config(transformer: dict | None = None, **overrides: object) -> Config
     }
     raw.update(overrides)
     return validate_config(raw)
+
+
+def train_small(tmp_path: str, name: str, updates: int, checkpoint: dict | None = None, **overrides: object) -> object:
+    """Train a ``small_config`` run (seed 5, no evaluations) in tmp_path/name; returns its trainer."""
+    import torch
+
+    from trainer import PPOTrainer
+
+    config = small_config(updates=updates, eval_interval=0, **overrides)
+    folder = os.path.join(tmp_path, name)
+    trainer = PPOTrainer(config, name, torch.device("cpu"), 5, models_dir=folder, summaries_dir=folder, checkpoint=checkpoint)
+    trainer.run()
+    return trainer
+
+
+def resume_matches_uninterrupted(tmp_path: str, **overrides: object) -> dict:
+    """Assert that 2 updates, a checkpoint and 2 more end with the weights of 4 uninterrupted updates (episodes run
+    across the interruption); returns the checkpoint for further checks."""
+    import torch
+
+    whole = train_small(tmp_path, "whole", 4, **overrides)
+    first = train_small(tmp_path, "first", 2, **overrides)
+    checkpoint = torch.load(first.checkpoint_path, weights_only=True)
+    assert any(state["actions"] for state in checkpoint["workers"]), "an episode must be running at the interruption"
+    resumed = train_small(tmp_path, "first", 4, checkpoint, **overrides)
+    for (name, a), (_, b) in zip(whole.model.state_dict().items(), resumed.model.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+    return checkpoint
+
+
+def collect_random_rollout(model: object, buffer: object, make_obs: object, seed: int = 0, end_rate: float = 0.15) -> None:
+    """Fill the buffer as rollout.RolloutCollector does, with observations ``make_obs(generator)`` (as the model
+    prepares them) and random episode ends."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    n = buffer.n_workers
+    state = model.memory.start(n, torch.device("cpu"))
+    with torch.no_grad():
+        for step in range(buffer.worker_steps):
+            obs = make_obs(generator)
+            out = model.step(obs, state)
+            actions = out.policy.sample(generator=generator)
+            buffer.record_step(step, obs, actions, out.policy.log_prob(actions), out.value, out.record)
+            model.memory.commit(state, out.record)
+            state.end_episodes(torch.rand(n, generator=generator) < end_rate)
+
+
+def assert_training_reproduces_the_rollout(model: object, buffer: object, sampling: str, chunk: int = 4) -> None:
+    """At the rollout's weights, the training forward of every minibatch gives the rollout's log-probs and values."""
+    import torch
+
+    from ppo import forward_minibatch
+
+    for minibatch in buffer.minibatches(3, chunk, torch.Generator().manual_seed(1), sampling):
+        out = forward_minibatch(model, minibatch)
+        valid = torch.ones_like(minibatch.log_probs, dtype=torch.bool) if minibatch.valid is None else minibatch.valid
+        log_probs = out.policy.log_prob(minibatch.actions)
+        torch.testing.assert_close(log_probs[valid], minibatch.log_probs[valid], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out.value[valid], minibatch.values[valid], rtol=1e-5, atol=1e-5)

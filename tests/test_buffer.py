@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import small_config
 
@@ -42,10 +43,11 @@ def test_buffer_stores_images_as_uint8() -> None:
     assert vector_model.prepare(torch.rand(2, 5).numpy()).dtype == torch.float32
 
 
-def test_model_on_uint8_images_equals_float_images_with_gradients() -> None:
+@pytest.mark.parametrize("side", [84, 12])  # the reference's convolutions, and the padded ones of small images
+def test_model_on_uint8_images_equals_float_images_with_gradients(side: int) -> None:
     torch.manual_seed(0)
-    model = ActorCriticModel(small_config(), (3, 84, 84), [3])
-    levels = torch.randint(0, 256, (2, 3, 3, 84, 84), dtype=torch.uint8)
+    model = ActorCriticModel(small_config(), (3, side, side), [3])
+    levels = torch.randint(0, 256, (2, 3, 3, side, side), dtype=torch.uint8)
     memory, steps = torch.randn(2, 6, 2, 16), torch.arange(6).expand(2, 6)  # S = C + L - 1 = 6 slots
     mask = torch.ones(2, 3, 6, dtype=torch.bool)
     context = TrXLContext(memory, steps, mask, torch.ones(2, 3, 4, dtype=torch.bool))

@@ -10,14 +10,18 @@ import gymnasium
 import numpy as np
 import pytest
 import torch
-from conftest import small_config
+from conftest import (
+    assert_training_reproduces_the_rollout,
+    collect_random_rollout,
+    resume_matches_uninterrupted,
+    small_config,
+)
 
 from action_spec import ActionSpec
 from buffer import Buffer
 from env_group import to_env_action
 from heads import DiagonalGaussian, make_policy_head
 from model import ActorCriticModel
-from ppo import forward_minibatch
 from trainer import PPOTrainer
 from worker import Workers
 
@@ -94,43 +98,15 @@ def test_training_reproduces_the_rollout_with_continuous_actions(memory: str, sa
     model = ActorCriticModel(config, (4,), SPEC)
     cpu = torch.device("cpu")
     buffer = Buffer(n, t, (4,), torch.float32, SPEC.width, model.memory.trace(n, t, cpu), cpu, torch.float32)
-    state = model.memory.start(n, cpu)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for step in range(t):
-            obs = torch.rand(n, 4, generator=generator)
-            out = model.step(obs, state)
-            actions = out.policy.sample(generator=generator)
-            buffer.record_step(step, obs, actions, out.policy.log_prob(actions), out.value, out.record)
-            model.memory.commit(state, out.record)
-            state.end_episodes(torch.rand(n, generator=generator) < 0.15)
+    collect_random_rollout(model, buffer, lambda generator: torch.rand(n, 4, generator=generator))
     assert buffer.actions.dtype == torch.float32 and buffer.actions.abs().max() > 0
-    for minibatch in buffer.minibatches(3, 4, torch.Generator().manual_seed(1), sampling):
-        out = forward_minibatch(model, minibatch)
-        valid = torch.ones_like(minibatch.log_probs, dtype=torch.bool) if minibatch.valid is None else minibatch.valid
-        log_probs = out.policy.log_prob(minibatch.actions)
-        torch.testing.assert_close(log_probs[valid], minibatch.log_probs[valid], rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(out.value[valid], minibatch.values[valid], rtol=1e-5, atol=1e-5)
+    assert_training_reproduces_the_rollout(model, buffer, sampling)
 
 
 def test_resumed_continuous_run_equals_uninterrupted_run(tmp_path: str) -> None:
-    def train(name: str, updates: int, checkpoint: dict | None = None) -> PPOTrainer:
-        config = small_config(environment=dict(POC_CONTINUOUS), updates=updates, eval_interval=0, worker_steps=20,
-                              sequence_length=10)  # fmt: skip
-        folder = os.path.join(tmp_path, name)
-        trainer = PPOTrainer(config, name, torch.device("cpu"), 5, models_dir=folder, summaries_dir=folder,
-                             checkpoint=checkpoint)  # fmt: skip
-        trainer.run()
-        return trainer
-
-    whole = train("whole", 4)
-    first = train("first", 2)
-    checkpoint = torch.load(first.checkpoint_path, weights_only=True)
-    assert any(state["actions"] for state in checkpoint["workers"])
+    overrides = {"environment": dict(POC_CONTINUOUS), "worker_steps": 20, "sequence_length": 10}
+    checkpoint = resume_matches_uninterrupted(tmp_path, **overrides)
     assert isinstance(checkpoint["workers"][0]["actions"][0][0], float)
-    resumed = train("first", 4, checkpoint)
-    for (name, a), (_, b) in zip(whole.model.state_dict().items(), resumed.model.state_dict().items(), strict=True):
-        assert torch.equal(a, b), name
 
 
 def test_continuous_proof_of_memory_task_is_learned(tmp_path: str) -> None:

@@ -295,6 +295,7 @@ def test_validate_env_config_fills_defaults_without_touching_the_input() -> None
         "freeze": True,
         "max_episode_steps": 32,
         "continuous": False,
+        "dict_observation": False,
     }
     required = {"MemoryGym": {"name": "MortarMayhem-Grid-v0"}, "Gymnasium": {"id": "CartPole-v1"}}  # keys without default
     for env_type in ENV_TYPES:

@@ -242,3 +242,19 @@ def test_training_on_a_gymnasium_id_without_editing_the_package(tmp_path: str, n
     assert os.path.isfile(trainer.model_path)
     assert set(means) >= {"reward", "length", "success"}  # 32 steps of 4-step episodes end some episodes
     assert means["length"] == 4.0
+
+
+def test_dict_observations_become_dicts_of_images_and_one_hot_vectors() -> None:
+    env = create_env({**TOY, "id": "toy_env:ToyDictObs-v0"})
+    expected = {"cue": (3,), "image": (3, *toy_env.IMAGE_SHAPE[:2]), "step": (toy_env.ToyCueEnv().length + 1 + 2,)}
+    assert {key: space.shape for key, space in env.observation_space.spaces.items()} == expected
+    obs, _ = env.reset(seed=0)
+    assert sorted(obs) == ["cue", "image", "step"]
+    cue = env.unwrapped.cue
+    np.testing.assert_array_equal(obs["cue"], np.eye(3, dtype=np.float32)[1 + cue])
+    np.testing.assert_array_equal(obs["step"], [1, 0, 0, 0, 0, 1, 0])  # step 0 of 0..4, then 0 of 0..1
+    assert obs["image"].dtype == np.float32 and obs["image"].max() <= 1.0
+    obs, *_ = env.step(0)
+    np.testing.assert_array_equal(obs["cue"], [1, 0, 0])  # not shown any more
+    np.testing.assert_array_equal(obs["step"], [0, 1, 0, 0, 0, 0, 1])
+    assert env.observation_space.contains(obs)

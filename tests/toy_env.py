@@ -126,8 +126,25 @@ class ToyTupleObsEnv(ToyCueEnv):
         return (self.cue if self.t == 0 else 0, self.t)
 
 
+class ToyDictObsEnv(ToyCueEnv):
+    """ToyCue observed as a dict: the image of ToyCueImage with the cue pixel cleared, the cue as a Discrete(3) (0: not
+    shown, 1 + cue in the first observation), and the step as a MultiDiscrete([length + 1, 2])."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)
+        image = spaces.Box(low=0, high=255, shape=IMAGE_SHAPE, dtype=np.uint8)
+        steps = spaces.MultiDiscrete([self.length + 1, 2])
+        self.observation_space = spaces.Dict({"image": image, "cue": spaces.Discrete(3), "step": steps})
+
+    def _observation(self) -> dict:
+        image = cue_image(self.t, self.cue)
+        image[0, 0] = 0
+        return {"image": image, "cue": 1 + self.cue if self.t == 0 else 0, "step": np.array([self.t, self.t % 2])}
+
+
 for _name, _entry_point in (
     ("ToyCue-v0", ToyCueEnv),
+    ("ToyDictObs-v0", ToyDictObsEnv),
     ("ToyCueImage-v0", ToyCueImageEnv),
     ("ToyBoxAction-v0", ToyBoxActionEnv),
     ("ToyTupleObs-v0", ToyTupleObsEnv),
