@@ -11,7 +11,8 @@ Each ``environment.type`` is a family declared in its own module as ``FAMILY = E
 Adding a family is one module plus one line in ``_FAMILY_MODULES``. The "Gymnasium" family runs any registered
 gymnasium id, so a task of one's own needs no change here at all.
 
-Modules of the heavier environments (MiniGrid, Memory Gym, which imports pygame) are imported only when needed.
+Modules of the heavier environments (MiniGrid, Memory Gym, which imports pygame; Atari's ale-py and OpenCV) are
+imported only when needed.
 """
 
 import importlib
@@ -26,6 +27,7 @@ _FAMILY_MODULES = (
     "environments.cartpole_env",
     "environments.minigrid_env",
     "environments.memory_gym_env",
+    "environments.atari_env",
     "environments.failing_env",
     "environments.gymnasium_env",
 )

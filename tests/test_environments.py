@@ -254,7 +254,7 @@ def test_memory_gym_render_matches_observation() -> None:
     "config, key",
     [
         ({}, "environment.type"),
-        ({"type": "Atari"}, "environment.type"),
+        ({"type": "Procgen"}, "environment.type"),
         ({"type": "PocMemoryEnv", "speed": 1}, "environment.speed"),
         ({"type": "PocMemoryEnv", "step_size": "0.2"}, "environment.step_size"),
         ({"type": "PocMemoryEnv", "step_size": 0.3}, "environment.step_size"),
@@ -297,7 +297,7 @@ def test_validate_env_config_fills_defaults_without_touching_the_input() -> None
         "continuous": False,
         "dict_observation": False,
     }
-    required = {"MemoryGym": {"name": "MortarMayhem-Grid-v0"}, "Gymnasium": {"id": "CartPole-v1"}}  # keys without default
+    required = {"MemoryGym": {"name": "MortarMayhem-Grid-v0"}, "Gymnasium": {"id": "CartPole-v1"}, "Atari": {"game": "Pong"}}
     for env_type in ENV_TYPES:
         minimal = {"type": env_type, **required.get(env_type, {})}
         assert validate_env_config(minimal)["type"] == env_type
@@ -379,7 +379,7 @@ def test_importing_the_package_imports_no_heavy_environment() -> None:
 
 
 def test_every_family_is_declared_once_with_meanings() -> None:
-    assert ENV_TYPES == ("PocMemoryEnv", "CartPole", "MiniGrid", "MemoryGym", "Failing", "Gymnasium")
+    assert ENV_TYPES == ("PocMemoryEnv", "CartPole", "MiniGrid", "MemoryGym", "Atari", "Failing", "Gymnasium")
     for name, family in FAMILIES.items():
         assert family.name == name
         assert family.schema, name
