@@ -204,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     except WorkerError as error:
         print(f"error: the environment failed to start: {error}", file=sys.stderr)
         return 1
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     except (ValueError, KeyError) as error:
         if checkpoint is None:
             raise

@@ -20,7 +20,7 @@ import torch
 import observations
 from buffer import Buffer
 from checkpoint import Progress, atomic_save, restore_training, save_model, snapshot_training
-from config import Config
+from config import Config, ConfigError
 from evaluation import evaluate
 from figures import attention_frame
 from memory import check_memory_path
@@ -70,7 +70,11 @@ class PPOTrainer:
         self.workers = Workers(config.environment, config.n_workers, config.n_processes, seed)
         obs_shape = observations.shape_of(self.workers.observation_space)
         actions = self.workers.action_spec
-        self.model = ActorCriticModel(config, obs_shape, actions, memory_path).to(device)
+        try:
+            self.model = ActorCriticModel(config, obs_shape, actions, memory_path).to(device)
+        except ValueError as error:  # e.g. an option the model does not implement for these observations
+            self.workers.close()
+            raise ConfigError(f"the model cannot be built for this environment: {error}") from None
         self.learner = PPOLearner(self.model, config, generator)
         trace = self.model.memory.trace(config.n_workers, config.worker_steps, device)
         self.buffer = Buffer(

@@ -4,8 +4,8 @@
 and the game's minimal action set, then gymnasium's ``AtariPreprocessing``: up to ``noop_max`` no-op actions at reset,
 ``frame_skip`` frames per agent step (max-pooled over the last two), grayscale, resized to ``screen_size`` square.
 No life-loss terminations: an episode is a whole game. ``max_episode_frames`` (108k frames, 30 minutes of play,
-counted by the emulator from the reset, its no-ops included) truncates it. No frame stack by default (the memory replaces it); ``frame_stack`` k > 1 stacks the last k frames as
-channels, for a memory-less baseline (``memory: none``).
+counted by the emulator from the reset, its no-ops included) truncates it. No frame stack by default (the memory
+replaces it); ``frame_stack`` k > 1 stacks the last k frames as channels, for a memory-less baseline (``memory: none``).
 
 Observations: (k, screen_size, screen_size) float32 in [0, 1]. Rewards: their sign for learning (``clip_rewards``),
 while ``info["episode"]["reward"]`` is the raw game score, the number that Atari results report.
