@@ -243,12 +243,25 @@ class VectorDecoder(nn.Module):
         return F.mse_loss(prediction, obs)
 
 
+class DictDecoder(nn.Module):
+    """Dict observations: each key reconstructed by its own decoder from the same features; the loss is the sum of the
+    keys' losses."""
+
+    def __init__(self, observation_shape: dict[str, tuple[int, ...]], in_dim: int) -> None:
+        super().__init__()
+        self.parts = nn.ModuleDict({key: make_decoder(observation_shape[key], in_dim) for key in sorted(observation_shape)})
+
+    def forward(self, features: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {key: part(features) for key, part in self.parts.items()}
+
+    def loss(self, prediction: dict[str, torch.Tensor], obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return sum(part.loss(prediction[key], obs[key]) for key, part in self.parts.items())
+
+
 def make_decoder(observation_shape: tuple[int, ...] | dict, in_dim: int) -> nn.Module:
     """The observation decoder for an observation shape (``reconstruction_coefficient`` > 0)."""
     if isinstance(observation_shape, dict):
-        raise ValueError(
-            "observation reconstruction is not implemented for Dict observations: set reconstruction_coefficient to 0"
-        )
+        return DictDecoder(observation_shape, in_dim)
     if len(observation_shape) == 3:
         return ImageDecoder(observation_shape, in_dim)
     if len(observation_shape) == 1:

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
+import observations
 from buffer import Buffer, Minibatch
 from config import Config
 from model import ActorCriticModel, PolicyOutput
@@ -77,10 +78,12 @@ def ppo_loss(
 
 def reconstruction_loss(model: ActorCriticModel, out: PolicyOutput, minibatch: Minibatch) -> torch.Tensor:
     """The observation-reconstruction loss of a minibatch's real steps: the model's decoder reconstructs each step's
-    observation from the memory's output (images: binary cross-entropy per pixel; vectors: mean squared error)."""
+    observation from the memory's output (images: binary cross-entropy per pixel; vectors: mean squared error; dicts:
+    the sum over the keys)."""
     features, obs = out.features, minibatch.obs
     if minibatch.valid is not None:
-        features, obs = features[minibatch.valid], obs[minibatch.valid]
+        valid = minibatch.valid
+        features, obs = features[valid], observations.apply(lambda x: x[valid], obs)
     return model.decoder.loss(model.decoder(features), obs)
 
 

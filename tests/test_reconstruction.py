@@ -31,15 +31,18 @@ def test_image_loss_is_the_binary_cross_entropy_of_the_sigmoid() -> None:
     assert VectorDecoder.loss(torch.tensor([1.0, 3.0]), torch.tensor([0.0, 1.0])).item() == pytest.approx(2.5)
 
 
-def filled_buffer(config: object, model: ActorCriticModel, obs_shape: tuple) -> Buffer:
+def filled_buffer(config: object, model: ActorCriticModel, obs_shape: tuple | dict) -> Buffer:
     cpu = torch.device("cpu")
     n, t = config.n_workers, config.worker_steps
-    buffer = Buffer(n, t, obs_shape, model.storage_dtype, 1, model.memory.trace(n, t, cpu), cpu)
+    buffer = Buffer(n, t, model.observation_shape, model.storage_dtype, 1, model.memory.trace(n, t, cpu), cpu)
     state = model.memory.start(n, cpu)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for step in range(t):
-            obs = model.prepare(torch.rand(n, *obs_shape, generator=generator).numpy())
+            if isinstance(obs_shape, dict):
+                obs = model.prepare({k: torch.rand(n, *v, generator=generator).numpy() for k, v in obs_shape.items()})
+            else:
+                obs = model.prepare(torch.rand(n, *obs_shape, generator=generator).numpy())
             out = model.step(obs, state)
             actions = out.policy.sample(generator=generator)
             buffer.record_step(step, obs, actions, out.policy.log_prob(actions), out.value, out.record)
@@ -50,8 +53,8 @@ def filled_buffer(config: object, model: ActorCriticModel, obs_shape: tuple) -> 
 
 
 @pytest.mark.parametrize("memory", ["trxl", "gru", "none"])
-@pytest.mark.parametrize("obs_shape", [(4,), (3, 36, 36)])
-def test_reconstruction_trains_the_decoder_and_is_logged(memory: str, obs_shape: tuple) -> None:
+@pytest.mark.parametrize("obs_shape", [(4,), (3, 36, 36), {"image": (3, 12, 12), "vector": (4,)}])
+def test_reconstruction_trains_the_decoder_and_is_logged(memory: str, obs_shape: tuple | dict) -> None:
     config = small_config(memory=memory, reconstruction_coefficient=0.1, epochs=3)
     torch.manual_seed(0)
     model = ActorCriticModel(config, obs_shape, [3])

@@ -363,13 +363,3 @@ def test_eval_video_needs_an_environment_that_renders() -> None:
     with pytest.raises(ConfigError, match="eval_video"):
         small_config(environment={"type": "Failing"}, eval_video=True)
     assert small_config(eval_video=True).eval_video
-
-
-def test_a_model_option_the_observations_do_not_allow_stops_cleanly(tmp_path: str) -> None:
-    """Reconstruction of dict observations is not implemented: a clear error, exit code 2, and no worker left behind."""
-    config = write_config(tmp_path, dict(GOOD, environment={"type": "PocMemoryEnv", "dict_observation": True},
-                                         reconstruction_coefficient=0.1, n_processes=2))  # fmt: skip
-    result = run_train(tmp_path, f"--config={config}", "--run-id=dict")
-    assert result.returncode == 2, result.stderr
-    assert "reconstruction_coefficient" in result.stderr and "Dict observations" in result.stderr
-    assert "Traceback" not in result.stderr
