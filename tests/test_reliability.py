@@ -63,7 +63,7 @@ BAD_CONFIGS = [
     (("transformer.layer_norm", "middle"), ["transformer.layer_norm", "middle", "pre"]),
     (("n_mini_batch", 3), ["n_mini_batch", "3", "divisible"]),
     (("sequence_length", 3), ["sequence_length", "3", "worker_steps"]),
-    (("environment.type", "Atari"), ["environment.type", "Atari"]),
+    (("environment.type", "Procgen"), ["environment.type", "Procgen"]),
     (("environment", {"type": "MiniGrid", "name": "MiniGrid-Nope-v0"}), ["environment.name", "MiniGrid-Nope-v0"]),
     (("environment", {"type": "MemoryGym", "name": "MortarMayhem-Grid-v0", "reset_params": {"speed": 2}}), ["speed"]),
     (("transformer.memory_length", 64), ["memory_length", "64", "max_episode_steps", "32"]),
