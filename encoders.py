@@ -176,16 +176,22 @@ class DictEncoder(nn.Module):
         return x if self.embedding is None else torch.relu(self.embedding(x))
 
 
+def observation_kind(observation_shape: tuple[int, ...] | dict) -> str:
+    """ "dict", "image" (C, H, W) or "vector" (F,): which encoder and decoder an observation shape gets."""
+    if isinstance(observation_shape, dict):
+        return "dict"
+    if len(observation_shape) == 3:
+        return "image"
+    if len(observation_shape) == 1:
+        return "vector"
+    raise ValueError(f"observation shape {tuple(observation_shape)} is neither an image (C, H, W) nor a vector (F,)")
+
+
 def make_encoder(observation_shape: tuple[int, ...] | dict, embed_dim: int | None) -> nn.Module:
     """The encoder for an observation shape: (C, H, W) images, (F,) vectors or a dict of them; ``embed_dim`` None: raw
     features."""
-    if isinstance(observation_shape, dict):
-        return DictEncoder(observation_shape, embed_dim)
-    if len(observation_shape) == 3:
-        return ImageEncoder(observation_shape, embed_dim)
-    if len(observation_shape) == 1:
-        return VectorEncoder(observation_shape, embed_dim)
-    raise ValueError(f"observation shape {tuple(observation_shape)} is neither an image (C, H, W) nor a vector (F,)")
+    kinds = {"dict": DictEncoder, "image": ImageEncoder, "vector": VectorEncoder}
+    return kinds[observation_kind(observation_shape)](observation_shape, embed_dim)
 
 
 class ImageDecoder(nn.Module):
@@ -260,10 +266,5 @@ class DictDecoder(nn.Module):
 
 def make_decoder(observation_shape: tuple[int, ...] | dict, in_dim: int) -> nn.Module:
     """The observation decoder for an observation shape (``reconstruction_coefficient`` > 0)."""
-    if isinstance(observation_shape, dict):
-        return DictDecoder(observation_shape, in_dim)
-    if len(observation_shape) == 3:
-        return ImageDecoder(observation_shape, in_dim)
-    if len(observation_shape) == 1:
-        return VectorDecoder(observation_shape, in_dim)
-    raise ValueError(f"observation shape {tuple(observation_shape)} is neither an image (C, H, W) nor a vector (F,)")
+    kinds = {"dict": DictDecoder, "image": ImageDecoder, "vector": VectorDecoder}
+    return kinds[observation_kind(observation_shape)](observation_shape, in_dim)

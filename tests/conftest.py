@@ -58,22 +58,27 @@ def resume_matches_uninterrupted(tmp_path: str, **overrides: object) -> dict:
     return checkpoint
 
 
-def collect_random_rollout(model: object, buffer: object, make_obs: object, seed: int = 0, end_rate: float = 0.15) -> None:
-    """Fill the buffer as rollout.RolloutCollector does, with observations ``make_obs(generator)`` (as the model
-    prepares them) and random episode ends."""
+def collect_random_rollout(
+    model: object, buffer: object, make_obs: object, seed: int = 0, end_rate: float = 0.15, n_rollouts: int = 1
+) -> None:
+    """Fill the buffer as rollout.RolloutCollector does, ``n_rollouts`` times with the memory carried on, with
+    observations ``make_obs(generator)`` (as the model prepares them) and random episode ends."""
     import torch
 
     generator = torch.Generator().manual_seed(seed)
     n = buffer.n_workers
     state = model.memory.start(n, torch.device("cpu"))
     with torch.no_grad():
-        for step in range(buffer.worker_steps):
-            obs = make_obs(generator)
-            out = model.step(obs, state)
-            actions = out.policy.sample(generator=generator)
-            buffer.record_step(step, obs, actions, out.policy.log_prob(actions), out.value, out.record)
-            model.memory.commit(state, out.record)
-            state.end_episodes(torch.rand(n, generator=generator) < end_rate)
+        for _ in range(n_rollouts):
+            buffer.start_rollout()
+            model.memory.sync(state)
+            for step in range(buffer.worker_steps):
+                obs = make_obs(generator)
+                out = model.step(obs, state)
+                actions = out.policy.sample(generator=generator)
+                buffer.record_step(step, obs, actions, out.policy.log_prob(actions), out.value, out.record)
+                model.memory.commit(state, out.record)
+                state.end_episodes(torch.rand(n, generator=generator) < end_rate)
 
 
 def assert_training_reproduces_the_rollout(model: object, buffer: object, sampling: str, chunk: int = 4) -> None:

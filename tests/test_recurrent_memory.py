@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import small_config
+from conftest import collect_random_rollout, small_config
 
 from buffer import Buffer
 from config import ConfigError
@@ -30,23 +30,13 @@ def make_model(memory: str, layers: int = 1, memory_dtype: str = "float32", obs_
     return ActorCriticModel(config, obs_shape, action_dims or [3, 2])
 
 
-@torch.no_grad()
 def rollouts(model: ActorCriticModel, n_rollouts: int = 3, seed: int = 0, end_rate: float = 0.15) -> Buffer:
-    """Drive the buffer and the memory as rollout.RolloutCollector does, with random observations and episode ends."""
-    generator = torch.Generator().manual_seed(seed)
+    """Three rollouts (the memory carried over their boundaries) of random observations and episode ends."""
     cpu = torch.device("cpu")
     buffer = Buffer(N, T, (OBS,), torch.float32, 2, model.memory.trace(N, T, cpu), cpu)
-    state = model.memory.start(N, cpu)
-    for _ in range(n_rollouts):
-        buffer.start_rollout()
-        model.memory.sync(state)
-        for t in range(T):
-            obs = torch.rand(N, OBS, generator=generator)
-            out = model.step(obs, state)
-            actions = out.policy.sample(generator=generator)
-            buffer.record_step(t, obs, actions, out.policy.log_prob(actions), out.value, out.record)
-            model.memory.commit(state, out.record)
-            state.end_episodes(torch.rand(N, generator=generator) < end_rate)
+    collect_random_rollout(
+        model, buffer, lambda generator: torch.rand(N, OBS, generator=generator), seed, end_rate, n_rollouts
+    )
     return buffer
 
 
