@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from environments import FAMILIES, episode_limit, validate_env_config
+from environments import FAMILIES, agents_per_env, episode_limit, validate_env_config
 
 
 class ConfigError(ValueError):
@@ -327,6 +327,17 @@ def validate_config(raw: Any) -> Config:
                 f"n_workers * worker_steps / sequence_length = {n * t // c} chunks is not divisible by 'n_mini_batch' ({m}): "
                 "change sequence_length (0 picks one automatically) or n_mini_batch"
             )
+    agents = agents_per_env(environment)
+    if n % agents:
+        raise ConfigError(
+            f"'n_workers' ({n}) must be a multiple of the {agents} agents of one {environment['type']} environment: "
+            f"each agent is a worker (one memory stream), so use e.g. n_workers = {agents * -(-n // agents)}"
+        )
+    if values["n_processes"] > n // agents:
+        raise ConfigError(
+            f"'n_processes' ({values['n_processes']}) exceeds the {n // agents} environments of {n} workers with "
+            f"{agents} agents each: use n_processes <= {n // agents}"
+        )
     max_steps = episode_limit(environment)  # -1 when unknown or unbounded
     if trxl and 0 < max_steps < transformer.memory_length:
         raise ConfigError(

@@ -1,7 +1,7 @@
 """Watch or evaluate a trained agent on unseen seeds.
 
 Usage:
-  enjoy.py [options]
+  enjoy.py [options] [--set=<key=value>]...
   enjoy.py (-h | --help)
 
 Options:
@@ -12,6 +12,8 @@ Options:
   --deterministic     Take the most likely action instead of sampling.
   --record=<file>     Write the frames to a GIF (or .mp4 with imageio-ffmpeg installed) without a display.
   --attention         Draw each block's attention over the memory window next to the frames (with --record).
+  --set=<key=value>   Change a key of the model's environment section, e.g. environment.kwargs.agents=4 to play a
+                      multi-agent task with 4 agents (repeatable); observations and actions must still fit the model.
   --json              Print the summary as one JSON object on the last line.
   --cpu               Use the CPU even where CUDA is available.
   -h --help           Show this help.
@@ -19,6 +21,7 @@ Options:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -26,10 +29,15 @@ import sys
 import numpy as np
 import torch
 
+import observations
+from action_spec import ActionSpec
 from checkpoint import load_model
 from cli import ROOT, no_display_reason, parse_args, shipped_path
+from config import Config, ConfigError, apply_overrides, parse_overrides
+from environments import create_env, validate_env_config
 from evaluation import evaluate, format_summary, summarize
 from figures import attention_frame
+from model import ActorCriticModel
 
 DEFAULT_MODEL = "models/run.nn"  # the --model default of the usage text: train.py's default --run-id
 VIDEO_EXTENSIONS = (".mp4", ".mkv", ".mov", ".avi", ".webm")  # what imageio writes through its ffmpeg plugin
@@ -95,6 +103,40 @@ def missing_model_message(path: str) -> str:
     )
 
 
+def with_environment(model: ActorCriticModel, config: Config, items: list[str]) -> Config:
+    """The model's config with the ``--set`` items applied to its environment section, checked against the model.
+
+    Raises:
+        ValueError: For an item that is not key=value, a key outside ``environment.``, an environment section that does
+            not validate, or an environment whose observations or actions no longer fit the model.
+    """
+    if not items:
+        return config
+    try:
+        overrides = parse_overrides(items)
+    except ConfigError as error:
+        raise ValueError(str(error)) from None
+    outside = [key for key in overrides if not key.startswith("environment.")]
+    if outside:
+        raise ValueError(
+            f"--set {outside[0]}: enjoy.py changes only keys of the environment section (environment.<key>); the "
+            "model's other settings are fixed by its training"
+        )
+    section = validate_env_config(apply_overrides({"environment": config.environment}, overrides)["environment"])
+    env = create_env(section)
+    try:
+        shape, actions = observations.shape_of(env.observation_space), ActionSpec.of(env.action_space)
+    finally:
+        env.close()
+    if shape != model.observation_shape or actions != model.actions:
+        raise ValueError(
+            f"with --set {' '.join(items)} the environment has observations {observations.plain_shape(shape)} and "
+            f"actions {actions}, but the model takes {observations.plain_shape(model.observation_shape)} and "
+            f"{model.actions}: change only keys that keep observations and actions as they are"
+        )
+    return dataclasses.replace(config, environment=section)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run enjoy.py with the command-line arguments ``argv`` (default: sys.argv[1:]); returns the exit code."""
     args = parse_args(__doc__, argv)
@@ -119,6 +161,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model, config = load_model(model_path, device)
     except (FileNotFoundError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    try:
+        config = with_environment(model, config, args["--set"])
+    except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if args["--attention"] and config.memory != "trxl":

@@ -1,6 +1,7 @@
 """Environment groups: environments with consecutive indices, built, seeded and stepped together in one process.
 
-Shapes: n environments in a group, A action branches (1 for Discrete), obs_shape of one observation.
+Shapes: n environments in a group, K lanes (agents) per environment (1 for single-agent tasks), A action branches (1
+for Discrete), obs_shape of one observation. A lane is what the trainer calls a worker: one agent with its own memory.
 
 Episodes restart inside the group at the step that ends them ("same-step autoreset"): ``StepResult.obs`` already holds
 the first observation of the next episode for every environment that reported terminated or truncated, while the last
@@ -27,12 +28,12 @@ from environments import create_env
 class StepResult(NamedTuple):
     """What one step of all environments returns."""
 
-    obs: np.ndarray  # (N, *obs_shape) float32; after an episode end already the first obs of the next episode
+    obs: np.ndarray  # (N, *obs_shape) float32 per lane; after an episode end already the first obs of the next episode
     rewards: np.ndarray  # (N,) float32
     terminated: np.ndarray  # (N,) bool
     truncated: np.ndarray  # (N,) bool
-    final_obs: dict[int, np.ndarray]  # env index -> last obs (*obs_shape) of the episode that just ended
-    episodes: list[dict[str, float]]  # info["episode"] of every episode that ended at this step
+    final_obs: dict[int, np.ndarray]  # lane index -> last obs (*obs_shape) of the episode that just ended
+    episodes: list[dict[str, float]]  # info["episode"] of every lane whose episode ended at this step
 
 
 class WorkerError(RuntimeError):
@@ -86,7 +87,7 @@ class Recorder(Protocol):
         ...
 
     def record(self, j: int, action: list[int]) -> None:
-        """Notes that environment j took action (A ints) in its running episode."""
+        """Notes that environment j took action (K A numbers, its lanes' actions one after the other) in its episode."""
         ...
 
 
@@ -100,12 +101,52 @@ def to_env_action(space: gymnasium.Space, action: list | np.ndarray) -> int | np
     return np.asarray(action, dtype=np.int64)
 
 
+def lanes_of(env: object) -> int:
+    """The worker lanes (agents, each with its own memory) of an environment: K for a multi-agent adapter such as
+    ``environments.pettingzoo_env.ParallelAgents``, which has a ``lanes`` attribute, else 1."""
+    return int(getattr(env, "lanes", 1))
+
+
+def reset_lanes(env: gymnasium.Env, seed: int) -> list:
+    """Resets an environment with the seed and returns its first observations, one per lane."""
+    obs, _ = env.reset(seed=seed)
+    return list(obs) if hasattr(env, "lanes") else [obs]
+
+
+def step_lanes(env: gymnasium.Env, actions: list) -> tuple[list, list[float], bool, bool, list[dict]]:
+    """Steps an environment with one action per lane (each as the models give it, A entries).
+
+    Returns:
+        One observation and one reward per lane, terminated, truncated (the same for all lanes) and, at the step that
+        ends the episode, one ``info["episode"]`` dict per lane (else an empty list).
+
+    Raises:
+        RuntimeError: If the environment ended an episode without reporting it in its info.
+    """
+    space = env.action_space
+    if hasattr(env, "lanes"):
+        obs, rewards, terminated, truncated, info = env.step([to_env_action(space, action) for action in actions])
+        episodes = info.get("episodes") if terminated or truncated else []
+    else:
+        ob, reward, terminated, truncated, info = env.step(to_env_action(space, actions[0]))
+        obs, rewards = [ob], [reward]
+        episodes = [info.get("episode")] if terminated or truncated else []
+    if episodes is None or None in episodes:
+        raise RuntimeError(f"{type(env).__name__} ended an episode without reporting it in info['episode']")
+    return obs, rewards, bool(terminated), bool(truncated), episodes
+
+
 class EnvGroup:
     """Environments with consecutive indices, stepped one after the other; used in the main process and in children.
+
+    An environment with K agents (a multi-agent adapter, see ``lanes_of``) fills K consecutive lanes: environment i of
+    the group owns lanes i K .. i K + K - 1, every per-lane array (observations, actions, rewards) has n K rows, and
+    the recorder keeps one joint action per step (the K lanes' actions one after the other, K A entries).
 
     Attributes:
         indices: Global indices of the environments.
         envs: The environments, in the order of indices.
+        agents: Lanes K of every environment (1 for single-agent tasks).
         recorder: Told every episode start and action; also decides each environment's next episode number.
     """
 
@@ -129,6 +170,7 @@ class EnvGroup:
         self.envs: list[gymnasium.Env] = []
         for index in indices:
             self.envs.append(self._call(index, "construction", create_env, env_config, evaluation=evaluation))
+        self.agents = lanes_of(self.envs[0])
         self._action_space = self.envs[0].action_space
         self._box = isinstance(self._action_space, gymnasium.spaces.Box)
 
@@ -141,37 +183,39 @@ class EnvGroup:
             raise WorkerError(f"environment {index} failed during {what}:\n{traceback.format_exc()}") from None
 
     def spaces(self) -> tuple[gymnasium.Space, gymnasium.Space, int]:
-        """Returns observation space, action space and max_episode_steps of one environment (all are alike)."""
+        """Returns observation space, action space and max_episode_steps of one environment's lane (all are alike)."""
         env = self.envs[0]
         return env.observation_space, env.action_space, int(env.max_episode_steps)
 
-    def start_episode(self, j: int, episode: int) -> np.ndarray:
+    def start_episode(self, j: int, episode: int) -> list:
         """Resets the group's j-th environment into the given episode with that episode's seed.
 
         Returns:
-            The first observation (*obs_shape).
+            The first observation (*obs_shape) of each of its K lanes.
         """
         index = self.indices[j]
         self.recorder.start(j, episode)
         # No options: each environment keeps its own reset parameters, see MemoryGymEnv.
         seed = episode_seed(self._seed, index, episode, self._evaluation)
-        return self._call(index, "reset", self.envs[j].reset, seed=seed)[0]
+        return self._call(index, "reset", reset_lanes, self.envs[j], seed)
 
-    def step_env(self, j: int, action: list[int] | list[float], what: str) -> tuple:
+    def step_env(self, j: int, action: list[int] | list[float], what: str) -> tuple[list, list[float], bool, bool, list]:
         """Steps the group's j-th environment and records the action.
 
         Args:
             j: Position of the environment in this group.
-            action: A ints, one per action branch; or A floats for a Box, which the environment gets clipped to the
-                Box's bounds (the unclipped action is recorded, and clipped again when replayed).
+            action: K A numbers, the actions of its K lanes one after the other: ints, one per action branch; or
+                floats for a Box, which the environment gets clipped to the Box's bounds (the unclipped action is
+                recorded, and clipped again when replayed).
             what: Names the phase in error messages ("step" or "replay").
 
         Returns:
-            The environment's (obs, reward, terminated, truncated, info).
+            See ``step_lanes``: K observations, K rewards, terminated, truncated and the ended episodes' dicts.
         """
-        # Replayed actions reach the environment as the same types as the original ones (env_action).
-        env_action = to_env_action(self._action_space, action)
-        result = self._call(self.indices[j], what, self.envs[j].step, env_action)
+        width = len(action) // self.agents
+        lanes = [action[k * width : (k + 1) * width] for k in range(self.agents)]
+        # Replayed actions reach the environment as the same types as the original ones (to_env_action).
+        result = self._call(self.indices[j], what, step_lanes, self.envs[j], lanes)
         self.recorder.record(j, action)
         return result
 
@@ -179,31 +223,34 @@ class EnvGroup:
         """Starts the next episode of every environment.
 
         Returns:
-            First observations (n, *obs_shape) float32.
+            First observations (n K, *obs_shape) float32.
         """
-        return stack_observations([self.start_episode(j, self.recorder.next_episode(j)) for j in range(len(self.envs))])
+        obs = [self.start_episode(j, self.recorder.next_episode(j)) for j in range(len(self.envs))]
+        return stack_observations([ob for lanes in obs for ob in lanes])
 
     def step(self, actions: np.ndarray) -> StepResult:
         """Steps every environment and restarts those whose episode ended.
 
         Args:
-            actions: (n, A) actions of this group's environments: int64, or floats for a Box.
+            actions: (n K, A) actions of this group's lanes: int64, or floats for a Box.
 
         Returns:
-            The StepResult of this group, with final_obs keyed by global environment index.
+            The StepResult of this group's lanes, with final_obs keyed by global lane index.
         """
         obs, rewards, terminated, truncated, final_obs, episodes = [], [], [], [], {}, []
-        for j, (index, row) in enumerate(zip(self.indices, actions, strict=True)):
-            action = [float(a) for a in row] if self._box else [int(a) for a in row]
-            ob, reward, term, trunc, info = self.step_env(j, action, "step")
+        k = self.agents
+        for j, index in enumerate(self.indices):
+            rows = actions[j * k : (j + 1) * k]
+            action = [float(a) for row in rows for a in row] if self._box else [int(a) for row in rows for a in row]
+            obs_j, rewards_j, term, trunc, episodes_j = self.step_env(j, action, "step")
             if term or trunc:
-                final_obs[index] = ob
-                episodes.append(info["episode"])
-                ob = self.start_episode(j, self.recorder.next_episode(j))
-            obs.append(ob)
-            rewards.append(reward)
-            terminated.append(term)
-            truncated.append(trunc)
+                final_obs.update({index * k + lane: ob for lane, ob in enumerate(obs_j)})
+                episodes.extend(episodes_j)
+                obs_j = self.start_episode(j, self.recorder.next_episode(j))
+            obs.extend(obs_j)
+            rewards.extend(rewards_j)
+            terminated.extend([term] * k)
+            truncated.extend([trunc] * k)
         return StepResult(
             obs=stack_observations(obs),
             rewards=np.asarray(rewards, dtype=np.float32),

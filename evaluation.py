@@ -17,7 +17,7 @@ import torch
 import observations
 from aggregation import bootstrap_ci, interquartile_mean, mean
 from config import Config
-from env_group import to_env_action
+from env_group import lanes_of, reset_lanes, step_lanes
 from environments import create_env
 from model import ActorCriticModel
 from worker import episode_seed
@@ -41,6 +41,9 @@ def evaluate(
 ) -> list[dict[str, float]]:
     """Run ``episodes`` episodes on evaluation seeds and return each one's ``info["episode"]`` metrics.
 
+    In a multi-agent environment with K agents (any K: each agent is a lane with its own memory of the one policy) an
+    episode gives K results, one per agent, in agent order.
+
     Args:
         model: the agent (put in eval mode here).
         config: its config (environment and memory settings).
@@ -54,29 +57,27 @@ def evaluate(
     """
     model.eval()
     env = create_env(config.environment, render_mode=render_mode, evaluation=True)
+    lanes = lanes_of(env)  # agents of a multi-agent environment, each with its own memory; 1 otherwise
     memory = model.memory
-    state = memory.start(1, device)
+    state = memory.start(lanes, device)
     generator = torch.Generator(device=device).manual_seed(episode_seed(seed, 0, 0, evaluation=True))
     results = []
     try:
         memory.sync(state)
         for episode in range(episodes):
-            obs, _ = env.reset(seed=episode_seed(seed, 0, episode, evaluation=True))
-            state.end_episodes(torch.ones(1, dtype=torch.bool, device=device))
-            step, info = 0, {}
-            while "episode" not in info:
-                out = model.step(model.prepare(observations.apply(lambda x: x[None], obs)), state, return_attention=attention)
+            obs = reset_lanes(env, episode_seed(seed, 0, episode, evaluation=True))
+            state.end_episodes(torch.ones(lanes, dtype=torch.bool, device=device))
+            step, ended = 0, []
+            while not ended:
+                out = model.step(model.prepare(observations.stack(obs)), state, return_attention=attention)
                 actions = out.policy.sample(deterministic, generator)
                 weights = memory.attention_over_steps(state, out.attention) if attention else None
                 memory.commit(state, out.record)
-                action = actions[0].cpu().numpy()
-                obs, _, terminated, truncated, info = env.step(to_env_action(env.action_space, action))
+                obs, _, _, _, ended = step_lanes(env, list(actions.cpu().numpy()))
                 step += 1
                 if on_step is not None:
                     on_step(env, step, weights)
-                if (terminated or truncated) and "episode" not in info:
-                    raise RuntimeError(f"environment {config.environment['type']} ended an episode without info['episode']")
-            results.append({key: float(value) for key, value in info["episode"].items()})
+            results.extend({key: float(value) for key, value in lane.items()} for lane in ended)
     finally:
         env.close()
     return results

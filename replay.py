@@ -26,7 +26,8 @@ STATE_KEYS = ("episode", "actions")  # keys of one environment's entry in the st
 
 
 class EpisodeRecorder:
-    """Each environment's episode number and the actions (lists of A ints) it took since that episode's reset.
+    """Each environment's episode number and the actions it took since that episode's reset: lists of A ints (floats
+    for a Box) per lane, the K lanes' actions one after the other.
 
     An ``EnvGroup`` reports every episode start and every action to its recorder; j is an environment's position in
     that group.
@@ -67,15 +68,16 @@ def _finite_number(value: object, k: int) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def check_states(states: list[dict], n_envs: int, actions_spec: ActionSpec | list[int]) -> list[dict]:
+def check_states(states: list[dict], n_envs: int, actions_spec: ActionSpec | list[int], agents: int = 1) -> list[dict]:
     """Checks a state for Workers of n_envs environments and copies it with every number as a Python int (a float for
     continuous actions).
 
     Args:
         states: The argument of ``Workers.restore``, meant to be what ``Workers.state()`` returned.
-        n_envs: Number of environments of the Workers to restore.
+        n_envs: Number of environments of the Workers to restore (not lanes: an environment with K agents is one).
         actions_spec: Their action space (or its action counts), which bounds every recorded discrete action
             (continuous ones must be finite numbers; they are clipped when replayed).
+        agents: Lanes K of each environment; a recorded action holds the K lanes' actions one after the other.
 
     Returns:
         The checked copy, one entry per environment.
@@ -91,12 +93,12 @@ def check_states(states: list[dict], n_envs: int, actions_spec: ActionSpec | lis
             "restore a state taken from Workers with the same n_envs"
         )
     actions_spec = ActionSpec.coerce(actions_spec)
-    width = actions_spec.width
+    width = actions_spec.width * agents
     if actions_spec.continuous:
         fits_entry, kind, convert = _finite_number, f"a list of {width} finite number(s)", float
     else:
-        counts = actions_spec.counts
-        kind, convert = f"a list of {width} int(s) in [0, n) for n in the action counts {list(counts)}", int
+        counts = list(actions_spec.counts) * agents
+        kind, convert = f"a list of {width} int(s) in [0, n) for n in the action counts {counts}", int
 
         def fits_entry(a: object, k: int) -> bool:
             return is_int(a) and 0 <= a < counts[k]
@@ -126,7 +128,7 @@ def check_states(states: list[dict], n_envs: int, actions_spec: ActionSpec | lis
     return checked
 
 
-def replay_episode(group: EnvGroup, j: int, episode: int, actions: list[list[int]]) -> np.ndarray:
+def replay_episode(group: EnvGroup, j: int, episode: int, actions: list[list[int]]) -> list:
     """Resets the group's j-th environment into the given episode and steps it through the recorded actions.
 
     The group records the episode start and every replayed action, so its recorder ends up with this entry again.
@@ -135,17 +137,18 @@ def replay_episode(group: EnvGroup, j: int, episode: int, actions: list[list[int
         group: The environments.
         j: Position of the environment in the group.
         episode: Number of the episode to reset into.
-        actions: The actions taken since that episode's reset, oldest first, each a list of A ints.
+        actions: The actions taken since that episode's reset, oldest first, each a list of K A numbers.
 
     Returns:
-        The current observation (*obs_shape): the one after the last action, or the first one if there is none.
+        The current observation (*obs_shape) of each of the environment's K lanes: the one after the last action, or the
+        first one if there is none.
 
     Raises:
         WorkerError: If the episode ends during the replay, which a state taken from these environments never does.
     """
     ob = group.start_episode(j, episode)
     for t, action in enumerate(actions):
-        ob, _, term, trunc, _ = group.step_env(j, action, "replay")
+        ob, _, term, trunc, _ = group.step_env(j, action, "replay")  # ob: one observation per lane
         if term or trunc:
             raise WorkerError(
                 f"the state does not match environment {group.indices[j]}: its episode {episode} ended at replayed "
@@ -163,7 +166,7 @@ def restore(group: EnvGroup, states: list[dict]) -> np.ndarray:
         states: One entry per environment of the group, checked by ``check_states``.
 
     Returns:
-        Current observations (n, *obs_shape) float32.
+        Current observations (n K, *obs_shape) float32, one per lane.
 
     Raises:
         WorkerError: If an episode ends during the replay or an environment fails.
@@ -172,4 +175,4 @@ def restore(group: EnvGroup, states: list[dict]) -> np.ndarray:
         replay_episode(group, j, state["episode"], state["actions"])
         for j, state in zip(range(len(group.envs)), states, strict=True)
     ]
-    return stack_observations(obs)
+    return stack_observations([ob for lanes in obs for ob in lanes])

@@ -28,7 +28,7 @@ import numpy as np
 import observations
 from action_spec import ActionSpec
 from env_group import EnvGroup, StepResult, WorkerError, episode_seed, is_int
-from environments import validate_env_config
+from environments import agents_per_env, validate_env_config
 from replay import EpisodeRecorder, check_states, restore
 
 # Re-exported: callers (trainer.py, evaluation.py, ...) import all four from here, as before the split into modules.
@@ -277,10 +277,14 @@ def _merge(results: list[StepResult]) -> StepResult:
 
 
 class Workers:
-    """N environments stepped together with same-step autoreset, in the main process or in subprocesses.
+    """N worker lanes stepped together with same-step autoreset, in the main process or in subprocesses.
+
+    A lane is one agent with its own memory. Single-agent tasks have one environment per lane; a multi-agent
+    environment with K agents fills K consecutive lanes (see env_group.py), so N / K environments run.
 
     Attributes:
-        n_envs: Number of environments N.
+        n_envs: Number of lanes N, the trainer's n_workers (the number of environments for single-agent tasks).
+        agents: Lanes K of each environment, 1 for single-agent tasks.
         seed: Base seed: environment i's k-th episode is reset with ``episode_seed(seed, i, k)``.
         observation_space: Observation space of one environment.
         action_space: Action space of one environment (Discrete, MultiDiscrete or a 1-D Box).
@@ -294,9 +298,9 @@ class Workers:
 
         Args:
             env_config: The ``environment:`` config section; validated here.
-            n_envs: Number of environments N.
+            n_envs: Number of lanes N, a multiple of the environment's agent count K (any N for single-agent tasks).
             n_processes: 0 to step all environments in this process; otherwise the number of subprocesses, each
-                stepping a contiguous group of environments.
+                stepping a contiguous group of environments (at most N / K).
             seed: Base seed of the episode seeds, >= 0; environment i's k-th episode is reset with
                 ``episode_seed(seed, i, k)``.
             evaluation: Whether the environments draw episodes from evaluation seeds (see ``create_env``).
@@ -308,8 +312,18 @@ class Workers:
         env_config = validate_env_config(env_config)
         if n_envs < 1:
             raise ValueError(f"n_envs = {n_envs!r} must be >= 1")
-        if not 0 <= n_processes <= n_envs:
-            raise ValueError(f"n_processes = {n_processes!r} must be between 0 (no subprocesses) and n_envs = {n_envs}")
+        self.agents = agents_per_env(env_config)
+        if n_envs % self.agents:
+            raise ValueError(
+                f"n_envs = {n_envs} lanes do not split into environments of {self.agents} agents each; use a multiple "
+                f"of {self.agents}"
+            )
+        environments = n_envs // self.agents
+        if not 0 <= n_processes <= environments:
+            raise ValueError(
+                f"n_processes = {n_processes!r} must be between 0 (no subprocesses) and the number of environments, "
+                f"{environments}"
+            )
         if not is_int(seed) or seed < 0:
             raise ValueError(f"seed = {seed!r} must be an int >= 0, the base of every episode seed")
         self.n_envs = n_envs
@@ -318,9 +332,9 @@ class Workers:
         # Both transports split the environments into groups (self._transport.splits) and answer per group.
         self._transport: _Local | _Children
         if n_processes == 0:
-            self._transport = _Local(env_config, range(n_envs), self.seed, evaluation)
+            self._transport = _Local(env_config, range(environments), self.seed, evaluation)
         else:
-            self._transport = _Children(env_config, n_envs, n_processes, self.seed, evaluation)
+            self._transport = _Children(env_config, environments, n_processes, self.seed, evaluation)
         self.observation_space, self.action_space, self.max_episode_steps = self._transport.spaces
         self.action_spec = ActionSpec.of(self.action_space)
         self.action_dims = list(self.action_spec.counts)
@@ -341,9 +355,10 @@ class Workers:
             self.close()
             raise
 
-    def _split(self, items: np.ndarray | list) -> list:
-        """Cuts per-environment items (actions or states) into the slices of the groups."""
-        return [items[start:stop] for start, stop in self._transport.splits]
+    def _split(self, items: np.ndarray | list, per_env: int = 1) -> list:
+        """Cuts items into the slices of the groups: per_env = 1 for per-environment items (states), K for per-lane
+        items (actions)."""
+        return [items[start * per_env : stop * per_env] for start, stop in self._transport.splits]
 
     def reset(self) -> np.ndarray:
         """Starts the next episode of every environment: episode 0 on the first call, then one past the current one.
@@ -376,14 +391,15 @@ class Workers:
                 f"actions of shape {actions.shape} do not fit; pass (n_envs, action_spec.width) = "
                 f"({self.n_envs}, {self.action_spec.width}), also for Discrete action spaces"
             )
-        return _merge(self._dispatch("step", self._split(actions)))
+        return _merge(self._dispatch("step", self._split(actions, self.agents)))
 
     def state(self) -> list[dict]:
         """Returns what ``restore`` needs to rebuild the environments exactly as they are now.
 
         Returns:
-            Per environment ``{"episode": k, "actions": [[a_1, ..., a_A], ...]}``: the number of its running episode and
-            the actions taken since that episode's reset, oldest first. Only Python ints, lists, dicts and strings, so
+            Per environment (N / K entries) ``{"episode": k, "actions": [[a_1, ..., a_A], ...]}``: the number of its
+            running episode and the actions taken since that episode's reset, oldest first (K A entries each: its
+            lanes' actions one after the other). Only Python ints, lists, dicts and strings, so
             that a checkpoint holding it loads with ``torch.load(weights_only=True)``.
 
         Raises:
@@ -410,7 +426,7 @@ class Workers:
             WorkerError: If an episode ends during the replay, so that the state cannot come from these environments,
                 or if an environment fails; the workers are closed in both cases.
         """
-        states = check_states(states, self.n_envs, self.action_spec)
+        states = check_states(states, self.n_envs // self.agents, self.action_spec, self.agents)
         obs = observations.concatenate(self._dispatch("restore", self._split(states)))
         self._started = True
         return obs

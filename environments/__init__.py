@@ -30,6 +30,7 @@ _FAMILY_MODULES = (
     "environments.atari_env",
     "environments.failing_env",
     "environments.gymnasium_env",
+    "environments.pettingzoo_env",
 )
 
 FAMILIES: dict[str, EnvFamily] = {
@@ -37,7 +38,17 @@ FAMILIES: dict[str, EnvFamily] = {
 }
 ENV_TYPES = tuple(FAMILIES)
 
-__all__ = ["ENV_TYPES", "FAMILIES", "REQUIRED", "EnvFamily", "Key", "create_env", "episode_limit", "validate_env_config"]
+__all__ = [
+    "ENV_TYPES",
+    "FAMILIES",
+    "REQUIRED",
+    "EnvFamily",
+    "Key",
+    "agents_per_env",
+    "create_env",
+    "episode_limit",
+    "validate_env_config",
+]
 
 
 def _family(env_config: object) -> EnvFamily:
@@ -101,3 +112,11 @@ def episode_limit(env_config: dict) -> int:
         reset parameters; a Gymnasium id whose spec has no limit and no ``max_episode_steps`` is configured).
     """
     return _family(env_config).episode_limit(env_config)
+
+
+def agents_per_env(env_config: dict) -> int:
+    """The number of agents K of one environment of a validated ``environment:`` section: 1 for single-agent tasks.
+
+    Each agent is a worker lane with its own memory, so ``n_workers`` lanes take n_workers / K environments.
+    """
+    return _family(env_config).agents(env_config)

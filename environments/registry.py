@@ -45,6 +45,11 @@ def _no_check(config: dict) -> None:
     """The check of a family whose keys need no more than their type."""
 
 
+def _one_agent(config: dict) -> int:
+    """The agent count of a single-agent family."""
+    return 1
+
+
 def _limit_from_key(config: dict) -> int:
     """The episode limit of a family whose config has a ``max_episode_steps`` key, else -1 (unknown or unbounded)."""
     limit = config.get("max_episode_steps", -1)
@@ -67,6 +72,8 @@ class EnvFamily:
             families where they depend on the configured environment.
         episode_limit: The number of steps after which an episode always ends, from the validated section; -1 when
             unknown or unbounded. The default reads the key ``max_episode_steps`` where the family has it.
+        agents: The number of agents K of one environment of the validated section, 1 for single-agent families. A
+            multi-agent environment fills K consecutive worker lanes (memory streams), see env_group.py.
     """
 
     name: str
@@ -75,6 +82,7 @@ class EnvFamily:
     check: Callable[[dict], None] = _no_check
     render_modes: RenderModes | Callable[[dict], RenderModes] = (None,)
     episode_limit: Callable[[dict], int] = _limit_from_key
+    agents: Callable[[dict], int] = _one_agent
 
     def validate(self, env_config: dict) -> dict:
         """Checks keys, types and values of a section of this family's type and fills in defaults.

@@ -297,7 +297,12 @@ def test_validate_env_config_fills_defaults_without_touching_the_input() -> None
         "continuous": False,
         "dict_observation": False,
     }
-    required = {"MemoryGym": {"name": "MortarMayhem-Grid-v0"}, "Gymnasium": {"id": "CartPole-v1"}, "Atari": {"game": "Pong"}}
+    required = {
+        "MemoryGym": {"name": "MortarMayhem-Grid-v0"},
+        "Gymnasium": {"id": "CartPole-v1"},
+        "Atari": {"game": "Pong"},
+        "PettingZoo": {"entry_point": "environments.recall_env:parallel_env"},
+    }
     for env_type in ENV_TYPES:
         minimal = {"type": env_type, **required.get(env_type, {})}
         assert validate_env_config(minimal)["type"] == env_type
@@ -379,7 +384,7 @@ def test_importing_the_package_imports_no_heavy_environment() -> None:
 
 
 def test_every_family_is_declared_once_with_meanings() -> None:
-    assert ENV_TYPES == ("PocMemoryEnv", "CartPole", "MiniGrid", "MemoryGym", "Atari", "Failing", "Gymnasium")
+    assert ENV_TYPES == ("PocMemoryEnv", "CartPole", "MiniGrid", "MemoryGym", "Atari", "Failing", "Gymnasium", "PettingZoo")
     for name, family in FAMILIES.items():
         assert family.name == name
         assert family.schema, name
