@@ -193,13 +193,23 @@ def _convert(obs: object, layout: str | tuple | dict) -> np.ndarray | dict:
     return np.ascontiguousarray(obs, dtype=np.float32) / 255.0
 
 
-def _action_start(space: spaces.Space) -> int | np.ndarray | None:
-    """The offset between the models' actions (from 0) and the space's; None for a Box (or an unsupported space)."""
+def model_action_space(space: spaces.Space) -> spaces.Space:
+    """The action space the models act in for an environment's space: Discrete and MultiDiscrete from 0, a Box as it
+    is."""
     if isinstance(space, spaces.Discrete):
-        return int(space.start)
-    if isinstance(space, spaces.MultiDiscrete) and space.nvec.ndim == 1:
-        return np.asarray(space.start, dtype=np.int64)
-    return None
+        return spaces.Discrete(int(space.n))
+    if isinstance(space, spaces.Box):
+        return spaces.Box(low=space.low, high=space.high, dtype=space.dtype)
+    return spaces.MultiDiscrete(space.nvec)
+
+
+def inner_action(action: int | np.ndarray, space: spaces.Space) -> int | np.ndarray:
+    """Shifts an action of ``model_action_space(space)`` (from 0) into ``space`` (by its ``start``; a Box's as it is)."""
+    if isinstance(space, spaces.Discrete):
+        return int(action) + int(space.start)
+    if isinstance(space, spaces.MultiDiscrete):
+        return np.asarray(action, dtype=np.int64) + np.asarray(space.start, dtype=np.int64)
+    return np.asarray(action, dtype=space.dtype)
 
 
 def _number(value: object) -> float | None:
@@ -249,14 +259,7 @@ class GymnasiumEnv(gymnasium.Wrapper):
         inner = self.env.observation_space
         self._layout = _layout(inner)
         self.observation_space = _converted_space(inner, self._layout)
-        self._action_start = _action_start(self.env.action_space)
-        inner_actions = self.env.action_space
-        if isinstance(inner_actions, spaces.Discrete):
-            self.action_space = spaces.Discrete(int(inner_actions.n))
-        elif isinstance(inner_actions, spaces.Box):
-            self.action_space = spaces.Box(low=inner_actions.low, high=inner_actions.high, dtype=inner_actions.dtype)
-        else:
-            self.action_space = spaces.MultiDiscrete(inner_actions.nvec)
+        self.action_space = model_action_space(self.env.action_space)
         self._episode_info = tuple(episode_info)
         self._return = 0.0
         self._length = 0
@@ -302,11 +305,7 @@ class GymnasiumEnv(gymnasium.Wrapper):
 
     def _inner_action(self, action: int | np.ndarray) -> int | np.ndarray:
         """Shifts an action of this wrapper's space (from 0) into the environment's space (a Box's as it is)."""
-        if self._action_start is None:
-            return np.asarray(action, dtype=self.env.action_space.dtype)
-        if isinstance(self._action_start, int):
-            return int(action) + self._action_start
-        return np.asarray(action, dtype=np.int64) + self._action_start
+        return inner_action(action, self.env.action_space)
 
     def _observe(self, obs: object) -> np.ndarray | dict:
         """The environment's observation as the models take it: a float32 vector, a (C, H, W) float32 image in
@@ -314,27 +313,35 @@ class GymnasiumEnv(gymnasium.Wrapper):
         return _convert(obs, self._layout)
 
 
-def _check(config: dict) -> None:
-    """Checks the values of a validated Gymnasium section and builds the environment once to check its spaces."""
-    env_id = config["id"]
-    if not isinstance(env_id, str) or not env_id.strip():
-        raise invalid("id", env_id, "use a registered gymnasium id, e.g. 'CartPole-v1' or 'my_module:MyTask-v0'")
-    kwargs = config["kwargs"]
+def check_kwargs(kwargs: dict, reserved: dict[str, str]) -> None:
+    """Checks the ``kwargs`` key of a section: string keys, none of the reserved ones (name -> why)."""
     for key in kwargs:
         if not isinstance(key, str):
             raise invalid("kwargs", kwargs, "keys must be strings (keyword argument names)")
-        if key in _RESERVED_KWARGS:
-            raise invalid("kwargs", kwargs, f"remove {key!r}: {_RESERVED_KWARGS[key]}")
-    if config["max_episode_steps"] < -1:
-        allowed = "use 0 for the id's own limit, a step count >= 1, or -1 for none"
-        raise invalid("max_episode_steps", config["max_episode_steps"], allowed)
-    episode_info = config["episode_info"]
+        if key in reserved:
+            raise invalid("kwargs", kwargs, f"remove {key!r}: {reserved[key]}")
+
+
+def check_episode_info(episode_info: list) -> None:
+    """Checks the ``episode_info`` key of a section: info keys as strings, not those always reported."""
     for key in episode_info:
         if not isinstance(key, str):
             raise invalid("episode_info", episode_info, "list the info keys as strings, e.g. [success]")
         if key in _ALWAYS_REPORTED:
             raise invalid("episode_info", episode_info, f"{key!r} is always reported; list only the other keys")
-    _probe(env_id, kwargs)
+
+
+def _check(config: dict) -> None:
+    """Checks the values of a validated Gymnasium section and builds the environment once to check its spaces."""
+    env_id = config["id"]
+    if not isinstance(env_id, str) or not env_id.strip():
+        raise invalid("id", env_id, "use a registered gymnasium id, e.g. 'CartPole-v1' or 'my_module:MyTask-v0'")
+    check_kwargs(config["kwargs"], _RESERVED_KWARGS)
+    if config["max_episode_steps"] < -1:
+        allowed = "use 0 for the id's own limit, a step count >= 1, or -1 for none"
+        raise invalid("max_episode_steps", config["max_episode_steps"], allowed)
+    check_episode_info(config["episode_info"])
+    _probe(env_id, config["kwargs"])
 
 
 def _render_modes(config: dict) -> tuple[str | None, ...]:

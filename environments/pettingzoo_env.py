@@ -40,12 +40,21 @@ import numpy as np
 from gymnasium import spaces
 
 from action_spec import ActionSpec
-from environments.gymnasium_env import SUPPORTED, _action_start, _convert, _converted_space, _hashable, _layout, _number
+from environments.gymnasium_env import (
+    SUPPORTED,
+    _convert,
+    _converted_space,
+    _hashable,
+    _layout,
+    _number,
+    check_episode_info,
+    check_kwargs,
+    inner_action,
+    model_action_space,
+)
 from environments.registry import REQUIRED, EnvFamily, Key, invalid
 
 _RESERVED_KWARGS = {"render_mode": "it is set by the caller of create_env (train.py, enjoy.py)"}
-
-_ALWAYS_REPORTED = ("reward", "length")
 
 
 class AgentChangeError(RuntimeError):
@@ -198,14 +207,7 @@ class ParallelAgents:
         self._layout = _layout(probe.observation_space)
         self.observation_space = _converted_space(probe.observation_space, self._layout)
         self._inner_actions = probe.action_space
-        self._action_start = _action_start(probe.action_space)
-        inner = probe.action_space
-        if isinstance(inner, spaces.Discrete):
-            self.action_space = spaces.Discrete(int(inner.n))
-        elif isinstance(inner, spaces.Box):
-            self.action_space = spaces.Box(low=inner.low, high=inner.high, dtype=inner.dtype)
-        else:
-            self.action_space = spaces.MultiDiscrete(inner.nvec)
+        self.action_space = model_action_space(probe.action_space)
         self._episode_info = tuple(episode_info)
         self._returns = np.zeros(self.lanes, dtype=np.float64)
         self._length = 0
@@ -238,7 +240,8 @@ class ParallelAgents:
         Raises:
             AgentChangeError: If some agents ended their episode while others went on, or the agents changed.
         """
-        joint = {agent: self._inner_action(action) for agent, action in zip(self.agents, actions, strict=True)}
+        inner = self._inner_actions
+        joint = {agent: inner_action(action, inner) for agent, action in zip(self.agents, actions, strict=True)}
         obs, rewards, terminations, truncations, infos = self.env.step(joint)
         self._length += 1
         self._check_agents(obs, f"step {self._length}")
@@ -285,14 +288,6 @@ class ParallelAgents:
             "the others finish"
         )
 
-    def _inner_action(self, action: object) -> object:
-        """Shifts an action of this adapter's space (from 0) into the environment's space (a Box's as it is)."""
-        if self._action_start is None:
-            return np.asarray(action, dtype=self._inner_actions.dtype)
-        if isinstance(self._action_start, int):
-            return int(action) + self._action_start
-        return np.asarray(action, dtype=np.int64) + self._action_start
-
     def render(self) -> object:
         """The environment's render() (a frame in "rgb_array" mode)."""
         return self.env.render()
@@ -307,21 +302,11 @@ def _check(config: dict) -> None:
     entry_point = config["entry_point"]
     if not isinstance(entry_point, str) or not entry_point.strip():
         raise invalid("entry_point", entry_point, "use 'module:function' of a function that returns a parallel env")
-    kwargs = config["kwargs"]
-    for key in kwargs:
-        if not isinstance(key, str):
-            raise invalid("kwargs", kwargs, "keys must be strings (keyword argument names)")
-        if key in _RESERVED_KWARGS:
-            raise invalid("kwargs", kwargs, f"remove {key!r}: {_RESERVED_KWARGS[key]}")
+    check_kwargs(config["kwargs"], _RESERVED_KWARGS)
     if config["max_episode_steps"] == 0 or config["max_episode_steps"] < -1:
         raise invalid("max_episode_steps", config["max_episode_steps"], "use a step count >= 1, or -1 for none")
-    episode_info = config["episode_info"]
-    for key in episode_info:
-        if not isinstance(key, str):
-            raise invalid("episode_info", episode_info, "list the info keys as strings, e.g. [success]")
-        if key in _ALWAYS_REPORTED:
-            raise invalid("episode_info", episode_info, f"{key!r} is always reported; list only the other keys")
-    _probe(entry_point, kwargs)
+    check_episode_info(config["episode_info"])
+    _probe(entry_point, config["kwargs"])
 
 
 def _render_modes(config: dict) -> tuple[str | None, ...]:
