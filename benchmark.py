@@ -16,6 +16,9 @@ Options:
                            steps/s and peak RSS after 1000 and <steps> episode steps, for the configured memory and
                            --memories.
   --sweep=<lengths>        Also measure fast-path rollout steps/s at these memory lengths, e.g. 32,64,128,256.
+  --processes=<list>       Instead: train.py on 1..P processes through torchrun, e.g. 1,2,4 (same config, same
+                           n_workers split over the processes, each with cores / P threads): steps/s overall and per
+                           process, scaling efficiency against 1 process, peak RSS of the largest process.
   --set=<key=value>        Override a config key (repeatable), as in train.py.
   --cpu                    Use the CPU even where CUDA is available.
   --child=<path>           (internal) measure one path in this process and print its JSON.
@@ -209,6 +212,58 @@ def long_episodes(args: dict, config: object, overrides: dict, memories: list[st
     return 0
 
 
+def train_processes(config_path: str, overrides: dict, processes: int, updates: int, cpu: bool) -> dict:
+    """Runs train.py on ``processes`` processes (torchrun for more than one) for a warm-up update and ``updates``
+    measured ones, in a temporary folder; returns its steps/s (the mean over the measured updates' console lines) and
+    the peak RSS of the largest process."""
+    threads = max(1, (os.cpu_count() or 1) // processes)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    train = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
+    launcher = [sys.executable]
+    if processes > 1:
+        launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
+    sets = {**overrides, "updates": updates + 1, "eval_interval": 0, "checkpoint_interval": 0}
+    command = [*launcher, train, f"--config={os.path.abspath(config_path)}", "--run-id=benchmark"]
+    command += [f"--set={key}={json.dumps(value)}" for key, value in sets.items()] + (["--cpu"] if cpu else [])
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    with tempfile.TemporaryDirectory() as folder:
+        result = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"training on {processes} process(es) failed:\n{result.stderr[-4000:]}")
+    rates = [float(line.split("sps")[1].split()[0]) for line in result.stdout.splitlines() if line.startswith("update ")]
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # the largest process so far, in KiB
+    return {
+        "processes": processes,
+        "threads_per_process": threads,
+        "overall_sps": float(np.mean(rates[1:])),
+        "per_process_sps": float(np.mean(rates[1:])) / processes,
+        "peak_rss_mb": peak / 1024 if peak > before else float("nan"),
+    }
+
+
+def scaling(args: dict, config: object, overrides: dict, counts: list[int]) -> int:
+    """The --processes mode: a line per process count, then one JSON line."""
+    if not counts or min(counts) < 1 or any(config.n_workers % count for count in counts):
+        print(
+            f"error: --processes '{args['--processes']}' must list counts >= 1 that divide n_workers ({config.n_workers})",
+            file=sys.stderr,
+        )
+        return 2
+    updates = int(args["--updates"])
+    print(f"scaling {args['--config']}: {config.n_workers} workers x {config.worker_steps} steps on 1..P processes, "
+          f"{updates} measured updates each, {os.cpu_count()} cores", flush=True)  # fmt: skip
+    rows = [train_processes(args["--config"], overrides, count, updates, args["--cpu"]) for count in counts]
+    base = next((row["overall_sps"] for row in rows if row["processes"] == 1), None)
+    for row in rows:
+        row["efficiency"] = row["overall_sps"] / (row["processes"] * base) if base else float("nan")
+        print(f"{row['processes']:3d} process(es) x {row['threads_per_process']} thread(s): "
+              f"overall {row['overall_sps']:8.1f} steps/s  per process {row['per_process_sps']:8.1f}  "
+              f"efficiency {100 * row['efficiency']:5.1f}%  peak RSS {row['peak_rss_mb']:7.0f} MB", flush=True)  # fmt: skip
+    print(json.dumps({"config": args["--config"], "workers": config.n_workers, "steps": config.worker_steps,
+                      "cores": os.cpu_count(), "processes": rows}))  # fmt: skip
+    return 0
+
+
 def print_row(name: str, r: dict) -> None:
     """One console line of a measured path or memory."""
     print(f"{name:>6}: rollout {r['rollout_sps']:8.1f} steps/s  train {r['train_sps']:8.1f} steps/s  "
@@ -248,6 +303,12 @@ def main() -> int:
         return 2
     if args["--long-episodes"]:
         return long_episodes(args, config, overrides, memories, int(args["--long-episodes"]), device)
+    if args["--processes"]:
+        try:
+            counts = [int(count) for count in args["--processes"].split(",") if count]
+        except ValueError:
+            counts = []
+        return scaling(args, config, overrides, counts)
     described = f"memory {config.memory}"
     if config.memory == "trxl":
         described += f", memory_length {config.transformer.memory_length}"

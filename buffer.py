@@ -22,6 +22,7 @@ from typing import NamedTuple
 import torch
 
 import observations
+from distributed import Rows
 from memory import MemoryTrace
 
 
@@ -45,6 +46,7 @@ class Minibatch(NamedTuple):
     returns: torch.Tensor  # (B, C)
     memory: object  # what MemoryTrace.chunks (or .single_steps) gives for them (trxl_memory.TrXLContext for TrXL)
     valid: torch.Tensor | None = None  # (B, Q) False for padding, single steps only; None for chunks (all real)
+    share: float = 1.0  # the part of the minibatch's steps this process holds (several processes, distributed.py)
 
     @property
     def single_steps(self) -> bool:
@@ -145,8 +147,13 @@ class Buffer:
         self.returns = self.advantages + self.values
 
     def minibatches(
-        self, n_mini_batch: int, sequence_length: int, generator: torch.Generator, sampling: str = "chunks"
-    ) -> Iterator[Minibatch]:
+        self,
+        n_mini_batch: int,
+        sequence_length: int,
+        generator: torch.Generator,
+        sampling: str = "chunks",
+        lanes: Rows | None = None,
+    ) -> Iterator[Minibatch | None]:
         """Shuffle the rollout and yield it as n_mini_batch minibatches: of chunks, or with ``sampling`` "steps" of
         single steps (``sequence_length`` is then unused).
 
@@ -157,15 +164,23 @@ class Buffer:
         Steps: all N * T steps are shuffled and cut into minibatches of M = N * T / n_mini_batch, as the reference
         does. Each minibatch is arranged by worker (``_arrange_steps``), so the memory can serve all of a worker's
         sampled steps from one pass over its trace.
+
+        With ``lanes`` this buffer holds workers first .. first + N - 1 of lanes.total (one process of several,
+        distributed.py): the permutation is drawn over all lanes.total workers, as one process holding them all draws
+        it, and each minibatch keeps the part this buffer holds, with its ``share`` of the minibatch's steps; None where
+        it holds none of them.
         """
+        first, total = (0, self.n_workers) if lanes is None else lanes
         if sampling == "steps":
-            order = torch.randperm(self.n_workers * self.worker_steps, generator=generator).to(self.device)
+            t = self.worker_steps
+            order = torch.randperm(total * t, generator=generator).to(self.device)
             for index in order.chunk(n_mini_batch):
-                yield self._arrange_steps(index)
+                mine = index[(index >= first * t) & (index < (first + self.n_workers) * t)] - first * t
+                yield self._arrange_steps(mine)._replace(share=len(mine) / len(index)) if len(mine) else None
             return
         c = sequence_length
         n_chunks = self.worker_steps // c
-        order = torch.randperm(self.n_workers * n_chunks, generator=generator).to(self.device)
+        order = torch.randperm(total * n_chunks, generator=generator).to(self.device)
 
         def chunks(x: torch.Tensor) -> torch.Tensor:
             return x.reshape(self.n_workers, n_chunks, c, *x.shape[2:])  # (N, T / C, C, ...)
@@ -175,9 +190,18 @@ class Buffer:
             for x in (self.obs, self.actions, self.log_probs, self.values, self.advantages, self.returns)
         ]
         for index in order.chunk(n_mini_batch):
-            worker, chunk = index // n_chunks, index % n_chunks
+            worker, chunk = index // n_chunks - first, index % n_chunks
+            mine = (worker >= 0) & (worker < self.n_workers)
+            if not mine.any():
+                yield None
+                continue
+            worker, chunk = worker[mine], chunk[mine]
             pick = functools.partial(_pick, (worker, chunk))
-            yield Minibatch(*(observations.apply(pick, x) for x in per_step), memory=self.trace.chunks(worker, chunk, c))
+            yield Minibatch(
+                *(observations.apply(pick, x) for x in per_step),
+                memory=self.trace.chunks(worker, chunk, c),
+                share=len(worker) / len(index),
+            )
 
     def _arrange_steps(self, index: torch.Tensor) -> Minibatch:
         """The minibatch of the M steps ``index`` (M,) (flat step numbers worker * T + t), in B rows of Q.

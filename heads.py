@@ -17,6 +17,27 @@ from torch import nn
 from torch.distributions import Categorical
 
 from action_spec import ActionSpec
+from distributed import Rows
+
+
+def noise(
+    shape: torch.Size,
+    generator: torch.Generator | None,
+    device: torch.device,
+    dtype: torch.dtype,
+    rows: Rows | None = None,
+    normal: bool = False,
+) -> torch.Tensor:
+    """Uniform (or with ``normal`` standard normal) noise of ``shape`` (N, ...).
+
+    With ``rows`` the noise of all ``rows.total`` rows is drawn and this batch's rows are returned: processes that
+    share the generator's state and each step a share of the workers then draw exactly the numbers that one process
+    stepping all workers draws (distributed.py).
+    """
+    full = shape if rows is None else torch.Size((rows.total, *shape[1:]))
+    draw = torch.randn if normal else torch.rand
+    values = draw(full, generator=generator, device=device, dtype=dtype)
+    return values if rows is None else values[rows.first : rows.first + shape[0]]
 
 
 def orthogonal(layer: nn.Module, gain: float) -> nn.Module:
@@ -35,16 +56,21 @@ class MultiCategorical:
         # non-finite values are caught where they start (NonFiniteError on the loss and the gradients).
         self.dists = [Categorical(logits=branch, validate_args=False) for branch in logits]
 
-    def sample(self, deterministic: bool = False, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Actions (..., A): the most likely ones, or sampled (with ``generator``, else torch's global one)."""
+    def sample(
+        self, deterministic: bool = False, generator: torch.Generator | None = None, rows: Rows | None = None
+    ) -> torch.Tensor:
+        """Actions (..., A): the most likely ones, or sampled (with ``generator``, else torch's global one).
+
+        Sampling inverts each branch's cumulative distribution at a uniform number, drawn for all rows of ``rows`` at
+        once (see ``noise``), so a worker's action does not depend on which process steps it.
+        """
         if deterministic:
             return torch.stack([branch.argmax(dim=-1) for branch in self.logits], dim=-1)
-        actions = [
-            torch.multinomial(branch.softmax(dim=-1).reshape(-1, branch.shape[-1]), 1, generator=generator).view(
-                branch.shape[:-1]
-            )
-            for branch in self.logits
-        ]
+        actions = []
+        for branch in self.logits:
+            cdf = branch.softmax(dim=-1).cumsum(dim=-1)[..., :-1]  # (..., n - 1): the last entry is 1 up to rounding
+            u = noise(branch.shape[:-1], generator, branch.device, branch.dtype, rows)
+            actions.append((cdf <= u.unsqueeze(-1)).sum(dim=-1))  # the action a with cdf[a - 1] <= u < cdf[a]
         return torch.stack(actions, dim=-1)
 
     def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
@@ -65,12 +91,15 @@ class DiagonalGaussian:
         self.mean = mean
         self.log_std = log_std.expand_as(mean)
 
-    def sample(self, deterministic: bool = False, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Actions (..., A): the mean, or a sample (with ``generator``, else torch's global one); not clipped."""
+    def sample(
+        self, deterministic: bool = False, generator: torch.Generator | None = None, rows: Rows | None = None
+    ) -> torch.Tensor:
+        """Actions (..., A): the mean, or a sample (with ``generator``, else torch's global one; the noise of all rows
+        of ``rows`` drawn at once, see ``noise``); not clipped."""
         if deterministic:
             return self.mean
-        noise = torch.randn(self.mean.shape, generator=generator, device=self.mean.device, dtype=self.mean.dtype)
-        return self.mean + self.log_std.exp() * noise
+        z = noise(self.mean.shape, generator, self.mean.device, self.mean.dtype, rows, normal=True)
+        return self.mean + self.log_std.exp() * z
 
     def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
         """Joint log-density (...) of actions (..., A)."""

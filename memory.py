@@ -38,7 +38,10 @@ which passes h on as it is. None of them touches the trainer.
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import NamedTuple
 
 import numpy as np
@@ -107,7 +110,15 @@ class MemoryTrace(ABC):
 
 
 class Memory(nn.Module, ABC):
-    """A memory between encoder and heads; see the module docstring for how it is used."""
+    """A memory between encoder and heads; see the module docstring for how it is used.
+
+    Attributes:
+        autocast: Returns the context its computations run in (set by the model: bfloat16 matrix products with
+            ``compute_dtype: bfloat16``); ``sync`` and ``commit``, which the rollout calls outside the model, enter it
+            themselves where they compute.
+    """
+
+    autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext
 
     @abstractmethod
     def start(self, n_workers: int, device: torch.device) -> MemoryState:

@@ -67,6 +67,15 @@ class ActorCriticModel(nn.Module):
         self.value = ValueHead(dim, config.hidden_layer_size)
         # Observation reconstruction (Memory Gym paper; CleanRL's reconstruction_coef): only built when it is trained.
         self.decoder = make_decoder(self.observation_shape, dim) if config.reconstruction_coefficient > 0 else None
+        self.bfloat16 = config.compute_dtype == "bfloat16"
+        self.memory.autocast = self.autocast
+
+    def autocast(self) -> torch.autocast:
+        """The context the encoder and the memory run in: bfloat16 matrix products with ``compute_dtype: bfloat16``
+        (torch.autocast on the parameters' device), else a context that changes nothing. The heads and the decoder
+        run outside it, in float32, on the memory's output cast back to float32."""
+        device_type = next(self.parameters()).device.type
+        return torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.bfloat16)
 
     @property
     def storage_dtype(self) -> torch.dtype | dict[str, torch.dtype]:
@@ -85,15 +94,19 @@ class ActorCriticModel(nn.Module):
 
         Leaves ``state`` as it is; ``self.memory.commit(state, out.record)`` remembers the step once it is taken.
         """
-        h = self.encoder(observations.apply(lambda x: x.unsqueeze(1), obs))[:, 0]  # (n, D)
-        out = self.memory.step(h, state, index, return_attention)
-        return PolicyOutput(self.policy(out.features), self.value(out.features), out.record, out.attention)
+        with self.autocast():
+            h = self.encoder(observations.apply(lambda x: x.unsqueeze(1), obs))[:, 0]  # (n, D)
+            out = self.memory.step(h, state, index, return_attention)
+        features = out.features.float()
+        return PolicyOutput(self.policy(features), self.value(features), out.record, out.attention)
 
     def forward(self, obs: torch.Tensor, context: object) -> PolicyOutput:
         """Policy and values (B, C) of B chunks of C consecutive steps, observations (B, C, *obs_shape), with the
         memory context the trace gave for them."""
-        out = self.memory.forward_chunks(self.encoder(obs), context)
-        return PolicyOutput(self.policy(out.features), self.value(out.features), out.record, out.attention, out.features)
+        with self.autocast():
+            out = self.memory.forward_chunks(self.encoder(obs), context)
+        features = out.features.float()
+        return PolicyOutput(self.policy(features), self.value(features), out.record, out.attention, features)
 
     def forward_steps(self, obs: torch.Tensor, context: object, valid: torch.Tensor | None = None) -> PolicyOutput:
         """Policy and values (B, Q) of B rows of Q single steps, observations (B, Q, *obs_shape), with the memory
@@ -102,12 +115,14 @@ class ActorCriticModel(nn.Module):
         With ``valid`` (B, Q) only the real steps' observations are encoded; the padding's queries get a zero
         embedding, so their outputs are finite, and meaningless.
         """
-        if valid is None:
-            h = self.encoder(obs)
-        else:
-            # Rows are padded to the longest (a quarter to a third of a minibatch in the shipped configs), and the
-            # encoder is the costliest per-step part: it sees the M real observations only.
-            encoded = self.encoder(observations.apply(lambda x: x[valid].unsqueeze(1), obs))[:, 0]  # (M, D)
-            h = encoded.new_zeros(*valid.shape, encoded.shape[-1]).masked_scatter(valid.unsqueeze(-1), encoded)
-        out = self.memory.forward_steps(h, context)
-        return PolicyOutput(self.policy(out.features), self.value(out.features), out.record, out.attention, out.features)
+        with self.autocast():
+            if valid is None:
+                h = self.encoder(obs)
+            else:
+                # Rows are padded to the longest (a quarter to a third of a minibatch in the shipped configs), and the
+                # encoder is the costliest per-step part: it sees the M real observations only.
+                encoded = self.encoder(observations.apply(lambda x: x[valid].unsqueeze(1), obs))[:, 0]  # (M, D)
+                h = encoded.new_zeros(*valid.shape, encoded.shape[-1]).masked_scatter(valid.unsqueeze(-1), encoded)
+            out = self.memory.forward_steps(h, context)
+        features = out.features.float()
+        return PolicyOutput(self.policy(features), self.value(features), out.record, out.attention, features)

@@ -6,6 +6,7 @@ Shapes follow the legend in buffer.py.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -14,6 +15,7 @@ from torch import nn
 import observations
 from buffer import Buffer, Minibatch
 from config import Config
+from distributed import SINGLE, Ranks, all_reduce_sum
 from model import ActorCriticModel, PolicyOutput
 
 
@@ -28,6 +30,7 @@ def ppo_loss(
     beta: float,
     value_coefficient: float,
     normalize_advantages: bool = True,
+    normalize: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The clipped PPO objective of one minibatch, as the reference computes it.
 
@@ -43,6 +46,8 @@ def ppo_loss(
         beta: entropy coefficient.
         value_coefficient: weight of the value loss.
         normalize_advantages: scale the advantages to mean 0 and std 1 over the minibatch, as the reference does.
+        normalize: how to scale them where the minibatch is spread over several processes (``global_normalizer``);
+            None: with this minibatch's mean and std.
 
     Returns:
         The loss, and its parts and diagnostics (scalars, no gradient needed).
@@ -55,7 +60,10 @@ def ppo_loss(
         per_step = [x[minibatch.valid] for x in per_step]
     log_probs, entropies, values, old_log_probs, old_values, advantages, returns = per_step
     if normalize_advantages:
-        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        if normalize is None:
+            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        else:
+            advantages = normalize(advantages)
     log_ratio = log_probs - old_log_probs
     ratio = log_ratio.exp()
     surrogate = torch.min(ratio * advantages, ratio.clamp(1 - clip_range, 1 + clip_range) * advantages)
@@ -74,6 +82,22 @@ def ppo_loss(
             "clip_fraction": ((ratio - 1).abs() > clip_range).float().mean(),
         }
     return loss, stats
+
+
+def global_normalizer(ranks: Ranks) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Advantage normalisation over a minibatch spread over several processes: every rank's part is scaled with the
+    whole minibatch's mean and (unbiased) standard deviation, from one all-reduce of sums. A rank that holds none of
+    the minibatch calls it with an empty tensor, to take part in the all-reduce."""
+
+    def normalize(advantages: torch.Tensor) -> torch.Tensor:
+        sums = torch.stack([advantages.sum(), advantages.square().sum()]).double()
+        sums = torch.cat([sums, torch.tensor([float(advantages.numel())], dtype=torch.float64, device=sums.device)])
+        total, squares, count = all_reduce_sum(sums, ranks).tolist()
+        mean = total / count
+        std = max((squares - count * mean * mean) / (count - 1), 0.0) ** 0.5
+        return (advantages - mean) / (std + 1e-8)
+
+    return normalize
 
 
 def reconstruction_loss(model: ActorCriticModel, out: PolicyOutput, minibatch: Minibatch) -> torch.Tensor:
@@ -116,14 +140,25 @@ def clip_gradients(model: nn.Module, max_norm: float) -> tuple[dict[str, float],
     return {f"grad_norm/{name}": norm.item() for name, norm in module_norms.items()}, total_norm
 
 
-class PPOLearner:
-    """Runs the PPO epochs over a filled buffer with the config's schedules."""
+STAT_KEYS = ("policy_loss", "value_loss", "entropy", "total_loss", "approx_kl", "clip_fraction")
 
-    def __init__(self, model: nn.Module, config: Config, generator: torch.Generator) -> None:
-        """``generator`` shuffles the minibatches (its state is part of a checkpoint)."""
+
+class PPOLearner:
+    """Runs the PPO epochs over a filled buffer with the config's schedules.
+
+    With several processes (``ranks``, distributed.py) each process trains on its part of every minibatch, weighted by
+    its share of the minibatch's steps, and the gradients are summed over the processes before clipping.
+    """
+
+    def __init__(self, model: nn.Module, config: Config, generator: torch.Generator, ranks: Ranks = SINGLE) -> None:
+        """``generator`` shuffles the minibatches (its state is part of a checkpoint; the same on every rank)."""
         self.model = model
         self.config = config
         self.generator = generator
+        self.ranks = ranks
+        self.rows = ranks.rows(config.n_workers)
+        self.normalize = global_normalizer(ranks) if ranks.distributed else None
+        self.stat_keys = STAT_KEYS + (("reconstruction_loss",) if config.reconstruction_coefficient > 0 else ())
         # The fused implementation is several times faster than the per-tensor loop, on the CPU too.
         self.optimizer = torch.optim.AdamW(
             model.parameters(), lr=config.learning_rate_schedule.initial, eps=config.adam_epsilon, fused=True
@@ -141,7 +176,7 @@ class PPOLearner:
         stats: dict[str, list[float]] = defaultdict(list)
         for _ in range(config.epochs):
             minibatches = buffer.minibatches(
-                config.n_mini_batch, config.sequence_length, self.generator, config.minibatch_sampling
+                config.n_mini_batch, config.sequence_length, self.generator, config.minibatch_sampling, self.rows
             )
             for minibatch in minibatches:
                 for key, value in self.train_minibatch(minibatch, clip_range, beta, update).items():
@@ -155,12 +190,31 @@ class PPOLearner:
         )
         return result
 
-    def train_minibatch(self, minibatch: Minibatch, clip_range: float, beta: float, update: int) -> dict[str, float]:
-        """One gradient step on one minibatch; returns its losses and diagnostics."""
+    def train_minibatch(self, minibatch: Minibatch | None, clip_range: float, beta: float, update: int) -> dict[str, float]:
+        """One gradient step on one minibatch (None: this process holds none of its steps); returns its losses and
+        diagnostics."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if minibatch is None:
+            stats = {key: torch.zeros(()) for key in self.stat_keys}
+            if self.config.normalize_advantages:
+                self.normalize(torch.zeros(0))  # take part in the minibatch's all-reduce
+        else:
+            stats = self.backward(minibatch, clip_range, beta, update)
+        if self.ranks.distributed:
+            stats = self.sum_over_ranks(stats)
+        grad_norms, total_norm = clip_gradients(self.model, self.config.max_grad_norm)
+        if not torch.isfinite(total_norm):
+            raise NonFiniteError(f"the gradient norm became {total_norm.item()} in update {update + 1}")
+        self.optimizer.step()
+        return {**{key: value.item() for key, value in stats.items()}, **grad_norms}
+
+    def backward(self, minibatch: Minibatch, clip_range: float, beta: float, update: int) -> dict[str, torch.Tensor]:
+        """The loss of a minibatch, weighted by its share, and its gradients; returns the weighted losses."""
         out = forward_minibatch(self.model, minibatch)
         loss, stats = ppo_loss(
-            out, minibatch, clip_range, beta, self.config.value_loss_coefficient, self.config.normalize_advantages
-        )
+            out, minibatch, clip_range, beta, self.config.value_loss_coefficient, self.config.normalize_advantages,
+            self.normalize,
+        )  # fmt: skip
         if self.config.reconstruction_coefficient > 0:
             reconstruction = reconstruction_loss(self.model, out, minibatch)
             loss = loss + self.config.reconstruction_coefficient * reconstruction
@@ -168,10 +222,31 @@ class PPOLearner:
             stats["total_loss"] = loss.detach()
         if not torch.isfinite(loss):
             raise NonFiniteError(f"the loss became {loss.item()} in update {update + 1}")
-        self.optimizer.zero_grad(set_to_none=True)
+        if minibatch.share != 1.0:
+            # This rank's mean weighted by its share of the steps: the weighted means of all ranks add up to the mean
+            # over the whole minibatch.
+            loss = loss * minibatch.share
+            stats = {key: value * minibatch.share for key, value in stats.items()}
         loss.backward()
-        grad_norms, total_norm = clip_gradients(self.model, self.config.max_grad_norm)
-        if not torch.isfinite(total_norm):
-            raise NonFiniteError(f"the gradient norm became {total_norm.item()} in update {update + 1}")
-        self.optimizer.step()
-        return {**{key: value.item() for key, value in stats.items()}, **grad_norms}
+        return stats
+
+    def sum_over_ranks(self, stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Sums the gradients and the weighted statistics over the ranks, in one flattened all-reduce.
+
+        A parameter keeps no gradient (None, so AdamW leaves it alone, as one process would) only where no rank gave
+        it one.
+        """
+        parameters = list(self.model.parameters())
+        flat = [p.grad.reshape(-1) if p.grad is not None else torch.zeros_like(p).reshape(-1) for p in parameters]
+        has_grad = torch.tensor([float(p.grad is not None) for p in parameters], device=flat[0].device)
+        values = torch.stack([stats[key].float() for key in self.stat_keys]).to(flat[0].device)
+        summed = all_reduce_sum(torch.cat([*flat, has_grad, values]), self.ranks)
+        offset = 0
+        for p in parameters:
+            p.grad = summed[offset : offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+        has_grad, values = summed[offset : offset + len(parameters)], summed[offset + len(parameters) :]
+        for p, given in zip(parameters, has_grad.tolist(), strict=True):
+            if not given:
+                p.grad = None
+        return dict(zip(self.stat_keys, values, strict=True))

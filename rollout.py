@@ -20,6 +20,7 @@ import torch
 
 import observations
 from buffer import Buffer
+from distributed import Rows
 from memory import MemoryState
 from model import ActorCriticModel
 from worker import StepResult, Workers
@@ -40,9 +41,18 @@ class RolloutCollector:
     """
 
     def __init__(
-        self, model: ActorCriticModel, workers: Workers, buffer: Buffer, gamma: float, lamda: float, device: torch.device
+        self,
+        model: ActorCriticModel,
+        workers: Workers,
+        buffer: Buffer,
+        gamma: float,
+        lamda: float,
+        device: torch.device,
+        rows: Rows | None = None,
     ) -> None:
+        """``rows``: where these N workers sit among all processes' workers (distributed.py), None for one process."""
         self.model = model
+        self.rows = rows
         self.workers = workers
         self.buffer = buffer
         self.gamma, self.lamda = gamma, lamda
@@ -76,7 +86,7 @@ class RolloutCollector:
     def policy_step(self, t: int) -> torch.Tensor:
         """Act on the current observations with the memory; store step t and remember it. Returns actions (N, A)."""
         out = self.model.step(self.obs, self.state)
-        actions = out.policy.sample()
+        actions = out.policy.sample(rows=self.rows)
         self.buffer.record_step(t, self.obs, actions, out.policy.log_prob(actions), out.value, out.record)
         self.model.memory.commit(self.state, out.record)
         return actions

@@ -1,5 +1,7 @@
 """Train a PPO agent with an episodic Transformer-XL memory.
 
+With torchrun (``torchrun --nproc_per_node=P train.py ...``) P processes train one policy, see distributed.py.
+
 Usage:
   train.py [options] [--set=<key=value>]...
   train.py (-h | --help)
@@ -26,10 +28,12 @@ import tempfile
 
 import torch
 
+import distributed
 from action_spec import ActionSpec
 from checkpoint import load_file, saved_actions
 from cli import ROOT, parse_args, shipped_path
 from config import ConfigError, apply_overrides, load_config, parse_overrides, validate_config
+from distributed import SINGLE, Ranks
 from observations import normalize_shape, shape_of
 from trainer import PPOTrainer, TrainingStopped, check_memory_path
 from worker import WorkerError
@@ -145,7 +149,25 @@ def check_resume_shapes(checkpoint: dict, config: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run train.py with the command-line arguments ``argv`` (default: sys.argv[1:]); returns the exit code."""
+    """Run train.py with the command-line arguments ``argv`` (default: sys.argv[1:]); returns the exit code.
+
+    Started by torchrun as one of several processes, it joins their process group first and leaves it at the end.
+    """
+    if not distributed.launched():
+        return train(argv, SINGLE)
+    args = parse_args(__doc__, argv)
+    device_type = "cuda" if torch.cuda.is_available() and not args["--cpu"] else "cpu"
+    ranks, _ = distributed.start(device_type)
+    try:
+        if not ranks.main:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - rank 0 reports progress; errors still reach stderr
+        return train(argv, ranks)
+    finally:
+        distributed.stop()
+
+
+def train(argv: list[str] | None, ranks: Ranks) -> int:
+    """train.py's work in this process, one of ``ranks``; returns the exit code."""
     args = parse_args(__doc__, argv)
     try:
         seed = int(args["--seed"])
@@ -197,10 +219,14 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    device = torch.device("cuda" if torch.cuda.is_available() and not args["--cpu"] else "cpu")
-    print(f"training {run_id} on {device} from {source}, memory path {memory_path}", flush=True)
+    if torch.cuda.is_available() and not args["--cpu"]:
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
+    processes = f" on {ranks.world} processes ({config.n_workers // ranks.world} workers each)" if ranks.distributed else ""
+    print(f"training {run_id} on {device.type}{processes} from {source}, memory path {memory_path}", flush=True)
     try:
-        trainer = PPOTrainer(config, run_id, device, seed, memory_path, checkpoint=checkpoint)
+        trainer = PPOTrainer(config, run_id, device, seed, memory_path, checkpoint=checkpoint, ranks=ranks)
     except WorkerError as error:
         print(f"error: the environment failed to start: {error}", file=sys.stderr)
         return 1

@@ -21,6 +21,8 @@ import observations
 from buffer import Buffer
 from checkpoint import Progress, atomic_save, restore_training, save_model, snapshot_training
 from config import Config, ConfigError
+from distributed import SINGLE, Ranks, all_gather, check_identical, gather_to_main
+from environments import agents_per_env
 from evaluation import evaluate
 from figures import attention_frame
 from memory import check_memory_path
@@ -57,17 +59,27 @@ class PPOTrainer:
         models_dir: str = "models",
         summaries_dir: str = "summaries",
         checkpoint: dict | None = None,
+        ranks: Ranks = SINGLE,
     ) -> None:
-        """Build workers, model, learner, buffer and memory; with ``checkpoint``, continue that run exactly."""
+        """Build workers, model, learner, buffer and memory; with ``checkpoint``, continue that run exactly.
+
+        With ``ranks`` of several processes (distributed.py) this process trains its share of the ``n_workers`` lanes
+        and rank 0 alone writes files.
+        """
         check_memory_path(memory_path, config)
+        check_ranks(config, ranks)
         self.config = config
         self.device = device
+        self.ranks = ranks
         self.model_path = os.path.join(models_dir, f"{run_id}.nn")
         self.checkpoint_path = os.path.join(models_dir, run_id, "checkpoint.pt")
         torch.manual_seed(seed)
         generator = torch.Generator().manual_seed(seed)
 
-        self.workers = Workers(config.environment, config.n_workers, config.n_processes, seed)
+        lanes = ranks.lanes(config.n_workers)
+        n = len(lanes)  # this process's workers
+        n_processes = min(-(-config.n_processes // ranks.world), n // agents_per_env(config.environment))
+        self.workers = Workers(config.environment, n, n_processes, seed, first_lane=lanes.start)
         obs_shape = observations.shape_of(self.workers.observation_space)
         actions = self.workers.action_spec
         try:
@@ -75,13 +87,17 @@ class PPOTrainer:
         except ValueError as error:  # e.g. an option the model does not implement for these observations
             self.workers.close()
             raise ConfigError(f"the model cannot be built for this environment: {error}") from None
-        self.learner = PPOLearner(self.model, config, generator)
-        trace = self.model.memory.trace(config.n_workers, config.worker_steps, device)
+        self.learner = PPOLearner(self.model, config, generator, ranks)
+        trace = self.model.memory.trace(n, config.worker_steps, device)
         self.buffer = Buffer(
-            config.n_workers, config.worker_steps, obs_shape, self.model.storage_dtype, actions.width, trace, device,
+            n, config.worker_steps, obs_shape, self.model.storage_dtype, actions.width, trace, device,
             torch.float32 if actions.continuous else torch.long,
         )  # fmt: skip
-        self.collector = RolloutCollector(self.model, self.workers, self.buffer, config.gamma, config.lamda, device)
+        self.collector = RolloutCollector(
+            self.model, self.workers, self.buffer, config.gamma, config.lamda, device, ranks.rows(config.n_workers)
+        )
+        if checkpoint is not None:
+            checkpoint = shard_of(checkpoint, ranks, self.workers.agents, config.n_workers)
         if checkpoint is None:
             summary_dir = os.path.join(summaries_dir, run_id, time.strftime("%Y%m%d-%H%M%S"))
             self.progress = Progress(run_id, seed, memory_path, summary_dir)
@@ -92,8 +108,10 @@ class PPOTrainer:
             )
             self.collector.start(self.workers.restore(checkpoint["workers"]))
         self.summary_dir = self.progress.summary_dir
-        self.summaries = Summaries(self.summary_dir)
-        self.summaries.write_config(config.to_dict(), " ".join(sys.argv))
+        self.summaries = Summaries(self.summary_dir) if ranks.main else None
+        if self.summaries is not None:
+            self.summaries.write_config(config.to_dict(), " ".join(sys.argv))
+        check_identical(self.model, ranks)
         self.snapshot: dict | None = None
 
     @property
@@ -106,23 +124,50 @@ class PPOTrainer:
         """Environment steps of all workers so far."""
         return self.progress.env_steps
 
-    def snapshot_state(self) -> dict:
-        """The training state now, copied (checkpoint.snapshot_training)."""
-        return snapshot_training(
-            self.progress, self.config, self.model, self.learner.optimizer, self.learner.generator, self.workers.state(),
-            self.collector.state, self.buffer.trace,
+    def snapshot_state(self) -> dict | None:
+        """The training state now, copied (checkpoint.snapshot_training); with several processes every rank's
+        environment and memory state, gathered on rank 0 (None on the other ranks)."""
+        if not self.ranks.distributed:
+            return snapshot_training(
+                self.progress, self.config, self.model, self.learner.optimizer, self.learner.generator,
+                self.workers.state(), self.collector.state, self.buffer.trace,
+            )  # fmt: skip
+        shard = {
+            "workers": self.workers.state(),
+            "memory": {key: value.cpu() for key, value in self.collector.state.state_dict().items()},
+            "trace": {key: value.cpu() for key, value in self.buffer.trace.state_dict().items()},
+        }
+        shards = gather_to_main(shard, self.ranks)
+        if shards is None:
+            return None
+        snapshot = snapshot_training(
+            self.progress, self.config, self.model, self.learner.optimizer, self.learner.generator,
+            [state for shard in shards for state in shard["workers"]], self.collector.state, self.buffer.trace,
         )  # fmt: skip
+        snapshot.update(
+            world_size=self.ranks.world,
+            memory=[shard["memory"] for shard in shards],
+            trace=[shard["trace"] for shard in shards],
+        )
+        return snapshot
 
     def rollout(self) -> RolloutStats:
-        """Collect one rollout into the buffer."""
+        """Collect one rollout into the buffer; with several processes, the finished episodes of all of them."""
         stats = self.collector.collect()
         self.progress.env_steps += self.config.n_workers * self.config.worker_steps
+        if self.ranks.distributed:
+            episodes: dict[str, list[float]] = {}
+            for part in all_gather(stats.episodes, self.ranks):
+                for key, values in part.items():
+                    episodes.setdefault(key, []).extend(values)
+            stats = RolloutStats(episodes)
         return stats
 
     def log(self, episode_means: dict[str, float], stats: dict[str, float], seconds: float) -> str:
         """Write the summaries of the update in progress; returns its console line."""
         sps = self.config.n_workers * self.config.worker_steps / seconds
-        self.summaries.update(self.progress.env_steps, episode_means, stats, sps)
+        if self.summaries is not None:
+            self.summaries.update(self.progress.env_steps, episode_means, stats, sps)
         return console_line(self.update + 1, self.config.updates, self.progress.env_steps, sps, episode_means, stats)
 
     def evaluate(self) -> dict[str, float]:
@@ -150,9 +195,10 @@ class PPOTrainer:
         )  # fmt: skip
         return frames
 
-    def save_checkpoint(self, snapshot: dict) -> None:
-        """Write a snapshot to the checkpoint file, atomically."""
-        atomic_save(snapshot, self.checkpoint_path)
+    def save_checkpoint(self, snapshot: dict | None) -> None:
+        """Write a snapshot to the checkpoint file, atomically (rank 0 only: the others hold None)."""
+        if snapshot is not None:
+            atomic_save(snapshot, self.checkpoint_path)
 
     def run(self, log_every: int = 1) -> dict[str, float]:
         """Train until ``updates``; returns the episode means of the last update in which episodes ended.
@@ -172,6 +218,7 @@ class PPOTrainer:
                 tick = time.time()
                 rollout = self.rollout()
                 stats = self.learner.optimize(self.buffer, self.update)
+                check_identical(self.model, self.ranks)
                 episode_means = {key: float(np.mean(values)) for key, values in rollout.episodes.items()}
                 line = self.log(episode_means, stats, time.time() - tick)
                 self.progress.update += 1
@@ -179,16 +226,18 @@ class PPOTrainer:
                 if config.checkpoint_interval and self.update % config.checkpoint_interval == 0:
                     self.save_checkpoint(self.snapshot)
                 last_means = episode_means or last_means
-                if self.update % log_every == 0 or self.update == config.updates:
+                if self.ranks.main and (self.update % log_every == 0 or self.update == config.updates):
                     elapsed = time.time() - start
                     left = elapsed / (self.update - start_update) * (config.updates - self.update)
                     print(f"{line}  [{elapsed:5.0f}s, ~{left:.0f}s left]", flush=True)
-                if config.eval_interval and (self.update % config.eval_interval == 0 or self.update == config.updates):
+                last = self.update == config.updates
+                if self.ranks.main and config.eval_interval and (self.update % config.eval_interval == 0 or last):
                     print(f"  evaluating {config.eval_episodes} unseen episodes ...", end="", flush=True)
                     evaluation = self.evaluate()
                     print(" " + "  ".join(f"{k} {v:.3f}" for k, v in evaluation.items() if k in ("reward", "success")))
             self.save_checkpoint(self.snapshot)
-            save_model(self.model, config, self.model_path)
+            if self.ranks.main:
+                save_model(self.model, config, self.model_path)
         except (KeyboardInterrupt, Exception) as error:
             self._stop(error)
         finally:
@@ -205,14 +254,17 @@ class PPOTrainer:
             NonFiniteError: "a non-finite loss or gradient",
         }
         kept = "nothing (it stopped before the first update)"
-        if self.snapshot is not None:
+        if not self.ranks.main:
+            kept = "what rank 0 wrote"
+        elif self.snapshot is not None:
             self.save_checkpoint(self.snapshot)
             model = ActorCriticModel(self.config, self.model.observation_shape, self.model.actions)
             model.load_state_dict(self.snapshot["model"])
             save_model(model, self.config, self.model_path)
             kept = f"{self.checkpoint_path} (after update {self.snapshot['update']})"
         reason = known.get(type(error), f"an unexpected error ({type(error).__name__})")
-        message = f"training stopped: {reason} during update {self.update + 1}"
+        where = f" on rank {self.ranks.rank} of {self.ranks.world}" if self.ranks.distributed else ""
+        message = f"training stopped{where}: {reason} during update {self.update + 1}"
         if type(error) not in known:
             # Not one of the expected ways to stop: show where it happened.
             message += f"\n{''.join(traceback.format_exception(error)).rstrip()}"
@@ -224,7 +276,46 @@ class PPOTrainer:
     def close(self) -> None:
         """Stop the workers and flush the summaries."""
         self.workers.close()
-        self.summaries.close()
+        if self.summaries is not None:
+            self.summaries.close()
+
+
+def check_ranks(config: Config, ranks: Ranks) -> None:
+    """Raises ConfigError unless every process gets the same number of whole environments' lanes."""
+    if not ranks.distributed:
+        return
+    agents = agents_per_env(config.environment)
+    if config.n_workers % (ranks.world * agents):
+        raise ConfigError(
+            f"'n_workers' ({config.n_workers}) must split evenly over the {ranks.world} processes"
+            + (f", in whole environments of {agents} agents" if agents > 1 else "")
+            + f": use a multiple of {ranks.world * agents}, or another --nproc_per_node"
+        )
+
+
+def shard_of(checkpoint: dict, ranks: Ranks, agents: int, n_workers: int) -> dict:
+    """The checkpoint as this rank restores it: its environments' states and its memory's (all of it for a single
+    process), checked for the world size.
+
+    Raises:
+        ValueError: If the checkpoint was written by another number of processes.
+    """
+    saved = checkpoint.get("world_size", 1)
+    if saved != ranks.world:
+        raise ValueError(
+            f"the checkpoint was written by {saved} process(es) and this run has {ranks.world}: each holds its own "
+            f"workers' memory, so resume with --nproc_per_node={saved} (or {saved} processes in all)"
+        )
+    if not ranks.distributed:
+        return checkpoint
+    lanes = ranks.lanes(n_workers)
+    environments = slice(lanes.start // agents, lanes.stop // agents)
+    return {
+        **checkpoint,
+        "workers": checkpoint["workers"][environments],
+        "memory": checkpoint["memory"][ranks.rank],
+        "trace": checkpoint["trace"][ranks.rank],
+    }
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:

@@ -332,7 +332,8 @@ class TrXLMemory(Memory):
     def sync(self, state: TrXLState) -> None:
         """Re-project the cached keys and values with the current weights (fast path)."""
         if self.path == "fast":
-            state.keys_values = self.transformer.project_memory(state.tokens, state.token_steps)
+            with self.autocast():
+                state.keys_values = self.transformer.project_memory(state.tokens, state.token_steps)
 
     def step(
         self, h: torch.Tensor, state: TrXLState, index: torch.Tensor | None = None, return_attention: bool = False
@@ -365,7 +366,8 @@ class TrXLMemory(Memory):
         if self.path == "fast":
             if state.keys_values is None:
                 self.sync(state)
-            new = self.transformer.project_memory(stored.unsqueeze(1), state.episode_steps.unsqueeze(1))  # (N, H, 1, d)
+            with self.autocast():
+                new = self.transformer.project_memory(stored.unsqueeze(1), state.episode_steps.unsqueeze(1))  # (N, H, 1, d)
             for (k, v), (new_k, new_v) in zip(state.keys_values, new, strict=True):
                 k[rows, :, slots] = new_k[:, :, 0]
                 v[rows, :, slots] = new_v[:, :, 0]

@@ -169,12 +169,12 @@ class _Children:
         spaces: Observation space, action space and max_episode_steps of one environment, reported by the first child.
     """
 
-    def __init__(self, env_config: dict, n_envs: int, n_processes: int, seed: int, evaluation: bool) -> None:
+    def __init__(self, env_config: dict, indices: range, n_processes: int, seed: int, evaluation: bool) -> None:
         """Starts the children and waits until all of them have built their environments.
 
         Args:
             env_config: A validated ``environment:`` config section.
-            n_envs: Number of environments N.
+            indices: Global indices of the environments.
             n_processes: Number of children, 1..N.
             seed: Base seed of the episode seeds.
             evaluation: Passed on to ``create_env``.
@@ -191,7 +191,7 @@ class _Children:
         # is safe.
         method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
         context = multiprocessing.get_context(method)
-        bounds = np.linspace(0, n_envs, n_processes + 1).round().astype(int)
+        bounds = indices.start + np.linspace(0, len(indices), n_processes + 1).round().astype(int)
         for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
             parent_conn, child_conn = context.Pipe()
             process = context.Process(
@@ -293,7 +293,9 @@ class Workers:
         max_episode_steps: Step limit of one environment's episodes, -1 when unbounded.
     """
 
-    def __init__(self, env_config: dict, n_envs: int, n_processes: int, seed: int, evaluation: bool = False) -> None:
+    def __init__(
+        self, env_config: dict, n_envs: int, n_processes: int, seed: int, evaluation: bool = False, first_lane: int = 0
+    ) -> None:
         """Starts the environments.
 
         Args:
@@ -304,6 +306,9 @@ class Workers:
             seed: Base seed of the episode seeds, >= 0; environment i's k-th episode is reset with
                 ``episode_seed(seed, i, k)``.
             evaluation: Whether the environments draw episodes from evaluation seeds (see ``create_env``).
+            first_lane: Global index of the first lane, a multiple of K, where these Workers step a share of all lanes
+                (one training process of several, distributed.py): the environments are seeded by their global
+                indices, so the lanes play the episodes they would play in one process stepping all of them.
 
         Raises:
             ValueError: For an invalid env_config, process count or seed.
@@ -319,6 +324,9 @@ class Workers:
                 f"of {self.agents}"
             )
         environments = n_envs // self.agents
+        if first_lane < 0 or first_lane % self.agents:
+            raise ValueError(f"first_lane = {first_lane!r} must be a multiple of the {self.agents} agents per environment")
+        self.first_lane = first_lane
         if not 0 <= n_processes <= environments:
             raise ValueError(
                 f"n_processes = {n_processes!r} must be between 0 (no subprocesses) and the number of environments, "
@@ -331,10 +339,11 @@ class Workers:
         self._started = False  # whether reset() or restore() has given every environment an episode
         # Both transports split the environments into groups (self._transport.splits) and answer per group.
         self._transport: _Local | _Children
+        first = first_lane // self.agents
         if n_processes == 0:
-            self._transport = _Local(env_config, range(environments), self.seed, evaluation)
+            self._transport = _Local(env_config, range(first, first + environments), self.seed, evaluation)
         else:
-            self._transport = _Children(env_config, environments, n_processes, self.seed, evaluation)
+            self._transport = _Children(env_config, range(first, first + environments), n_processes, self.seed, evaluation)
         self.observation_space, self.action_space, self.max_episode_steps = self._transport.spaces
         self.action_spec = ActionSpec.of(self.action_space)
         self.action_dims = list(self.action_spec.counts)
@@ -358,7 +367,8 @@ class Workers:
     def _split(self, items: np.ndarray | list, per_env: int = 1) -> list:
         """Cuts items into the slices of the groups: per_env = 1 for per-environment items (states), K for per-lane
         items (actions)."""
-        return [items[start * per_env : stop * per_env] for start, stop in self._transport.splits]
+        first = self.first_lane // self.agents
+        return [items[(start - first) * per_env : (stop - first) * per_env] for start, stop in self._transport.splits]
 
     def reset(self) -> np.ndarray:
         """Starts the next episode of every environment: episode 0 on the first call, then one past the current one.
@@ -391,7 +401,10 @@ class Workers:
                 f"actions of shape {actions.shape} do not fit; pass (n_envs, action_spec.width) = "
                 f"({self.n_envs}, {self.action_spec.width}), also for Discrete action spaces"
             )
-        return _merge(self._dispatch("step", self._split(actions, self.agents)))
+        result = _merge(self._dispatch("step", self._split(actions, self.agents)))
+        if self.first_lane:
+            result = result._replace(final_obs={i - self.first_lane: ob for i, ob in result.final_obs.items()})
+        return result
 
     def state(self) -> list[dict]:
         """Returns what ``restore`` needs to rebuild the environments exactly as they are now.

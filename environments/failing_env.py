@@ -21,17 +21,20 @@ class FailingEnv(Env):
 
     metadata = {"render_modes": []}
 
-    def __init__(self, fail_at_step: int = 5, mode: str = "raise", obs_size: int = 4) -> None:
+    def __init__(self, fail_at_step: int = 5, mode: str = "raise", obs_size: int = 4, rank: int = -1) -> None:
         """Builds the environment.
 
         Args:
             fail_at_step: Lifetime step count (1-based) at which to fail.
             mode: "raise" or "exit".
             obs_size: Length of the observation vector.
+            rank: Fail only in the training process of this rank (torchrun's RANK; a single process is rank 0), or
+                in every process with -1.
         """
         if mode not in ("raise", "exit"):
             raise ValueError(f"mode = {mode!r} is not supported; use 'raise' or 'exit'")
-        self._fail_at_step = fail_at_step
+        fails_here = rank in (-1, int(os.environ.get("RANK", "0")))
+        self._fail_at_step = fail_at_step if fails_here else -1
         self._mode = mode
         self.observation_space = spaces.Box(low=0.0, high=1.0, shape=(obs_size,), dtype=np.float32)
         self.action_space = spaces.Discrete(2)
@@ -85,6 +88,8 @@ def _check(config: dict) -> None:
         raise invalid("mode", config["mode"], "use 'raise' or 'exit'")
     if config["obs_size"] < 1:
         raise invalid("obs_size", config["obs_size"], "use a length >= 1")
+    if config["rank"] < -1:
+        raise invalid("rank", config["rank"], "use a process rank >= 0, or -1 for every process")
 
 
 FAMILY = EnvFamily(
@@ -93,6 +98,7 @@ FAMILY = EnvFamily(
         "fail_at_step": Key(5, "lifetime step at which the env fails"),
         "mode": Key("raise", '"raise" a RuntimeError or "exit" the process with code 3'),
         "obs_size": Key(4, "length of the observation vector"),
+        "rank": Key(-1, "fail only in the training process of this rank (torchrun), -1 in every process"),
     },
     check=_check,
     render_modes=(None,),

@@ -1,0 +1,148 @@
+"""Training one policy with several processes through torch.distributed, launched by torchrun.
+
+    torchrun --nproc_per_node=P train.py --config ...                     # P processes on this machine
+    torchrun --nnodes=2 --nproc_per_node=P --rdzv-endpoint=HOST:PORT ... # or across machines
+
+Each process (rank) steps its own share of the ``n_workers`` worker lanes, lanes rank * N/P .. (rank + 1) * N/P - 1,
+with their own memory, exactly as one process would step those lanes: environment seeds follow the global lane index,
+and the sampling noise of all N lanes is drawn in one piece from a generator every rank holds in the same state, each
+rank taking its rows (``heads.noise``). The minibatches are the ones a single process would cut: every rank draws the
+same permutation of all N lanes' chunks (or steps) and keeps the part that its lanes hold; each rank's loss is weighted
+by its share of the minibatch's steps, and the gradients are summed over the ranks in one flattened all-reduce, so the
+step equals the single-process step up to the order of floating-point sums (advantages are normalised with the
+minibatch's global mean and standard deviation). Every rank then holds the same parameters, which ``check_identical``
+verifies after every update. Rank 0 alone writes summaries, the model and the checkpoint; the checkpoint holds every
+rank's environment and memory state (gathered after every update), so a resume with the same number of processes
+continues exactly.
+
+Backends: NCCL on CUDA (each rank on the GPU of its LOCAL_RANK), gloo on the CPU. A plain ``python train.py`` runs
+with ``SINGLE`` and never touches torch.distributed.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+
+TIMEOUT_S = 600  # how long a collective waits for a rank that does not answer before it fails
+
+
+class Rows(NamedTuple):
+    """Where one process's N worker lanes sit among all: lanes first .. first + N - 1 of total."""
+
+    first: int
+    total: int
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place among the training processes.
+
+    Attributes:
+        rank: This process's number, 0 .. world - 1; rank 0 writes every file.
+        world: The number of processes.
+    """
+
+    rank: int = 0
+    world: int = 1
+
+    @property
+    def main(self) -> bool:
+        """Whether this process writes summaries, the model and checkpoints (rank 0)."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        """Whether more than one process trains."""
+        return self.world > 1
+
+    def lanes(self, n_workers: int) -> range:
+        """This rank's worker lanes (global indices) among n_workers, which the config check made a multiple of world."""
+        share = n_workers // self.world
+        return range(self.rank * share, (self.rank + 1) * share)
+
+    def rows(self, n_workers: int) -> Rows | None:
+        """This rank's lanes as ``Rows`` for sampling noise and minibatches; None for a single process."""
+        if not self.distributed:
+            return None
+        lanes = self.lanes(n_workers)
+        return Rows(lanes.start, n_workers)
+
+
+SINGLE = Ranks()
+
+
+def launched() -> bool:
+    """Whether torchrun (or another launcher setting WORLD_SIZE) started this process as one of several."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def start(device_type: str) -> tuple[Ranks, torch.device | None]:
+    """Joins the process group torchrun describes in the environment (RANK, WORLD_SIZE, MASTER_ADDR, ...).
+
+    Args:
+        device_type: "cuda" or "cpu": NCCL with one GPU per rank (LOCAL_RANK), or gloo.
+
+    Returns:
+        This process's Ranks, and its CUDA device (None on the CPU).
+    """
+    if not launched():
+        return SINGLE, None
+    device = None
+    if device_type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    return Ranks(dist.get_rank(), dist.get_world_size()), device
+
+
+def stop() -> None:
+    """Leaves the process group, if this process joined one."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(tensor: torch.Tensor, ranks: Ranks) -> torch.Tensor:
+    """The element-wise sum of ``tensor`` over all ranks (in place; ``tensor`` itself for a single process)."""
+    if ranks.distributed:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def gather_to_main(item: object, ranks: Ranks) -> list[object] | None:
+    """Every rank's ``item`` (picklable) as a list in rank order on rank 0, None on the others; [item] for one process."""
+    if not ranks.distributed:
+        return [item]
+    gathered: list[object] | None = [None] * ranks.world if ranks.main else None
+    dist.gather_object(item, gathered, dst=0)
+    return gathered
+
+
+def all_gather(item: object, ranks: Ranks) -> list[object]:
+    """Every rank's ``item`` (picklable) as a list in rank order, on every rank."""
+    if not ranks.distributed:
+        return [item]
+    gathered: list[object] = [None] * ranks.world
+    dist.all_gather_object(gathered, item)
+    return gathered
+
+
+def check_identical(model: torch.nn.Module, ranks: Ranks) -> None:
+    """Raises RuntimeError unless every rank holds bit-identical parameters (compares a checksum of their bytes)."""
+    if not ranks.distributed:
+        return
+    with torch.no_grad():
+        flat = torch.cat([p.detach().reshape(-1).float().cpu() for p in model.parameters()])
+        checksum = (flat.view(torch.int32).to(torch.int64) * torch.arange(1, flat.numel() + 1) % 2_147_483_647).sum()
+    sums = all_gather(int(checksum), ranks)
+    if len(set(sums)) != 1:
+        raise RuntimeError(
+            f"the ranks' parameters differ after an update (checksums {sums}); this is a bug: please report it with "
+            "the config and the torchrun command"
+        )

@@ -1,0 +1,168 @@
+"""Training on several processes with torch.distributed (gloo on the CPU, launched by torchrun): the same update as one
+process, exact resume, and a failing rank that stops them all; plus the pieces that make the update the same
+(sampling noise by global row, minibatches cut from one permutation of all lanes)."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import collect_random_rollout, small_config
+
+from buffer import Buffer
+from distributed import Ranks, Rows
+from heads import MultiCategorical, noise
+from model import ActorCriticModel
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN = os.path.join(ROOT, "train.py")
+SMALL = [
+    "--config", os.path.join(ROOT, "configs", "poc_memory_env.yaml"), "--cpu", "--set", "n_workers=8",
+    "--set", "worker_steps=16", "--set", "sequence_length=8", "--set", "n_mini_batch=2", "--set", "epochs=2",
+    "--set", "eval_interval=0", "--set", "hidden_layer_size=16",
+    "--set", "transformer={num_blocks: 2, embed_dim: 16, num_heads: 2, memory_length: 8}",
+]  # fmt: skip
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now, for torchrun's rendezvous."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run(folder: str, args: list[str], processes: int = 1, timeout: int = 240) -> subprocess.CompletedProcess:
+    """train.py in ``folder``, plainly or under torchrun with ``processes`` processes (one thread each)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if processes == 1:
+        command = [sys.executable, TRAIN, *args]
+    else:
+        command = [
+            sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}",
+            f"--master_port={free_port()}", TRAIN, *args,
+        ]  # fmt: skip
+    return subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def reports(stdout: str) -> list[str]:
+    """The console lines of the updates without their timing: episode means and losses to 2-4 decimals."""
+    lines = [line for line in stdout.splitlines() if line.startswith("update ")]
+    return [re.sub(r"sps +\d+|\[.*\]", "", line) for line in lines]
+
+
+def weights(folder: str, run_id: str) -> dict[str, torch.Tensor]:
+    """The model weights train.py saved for a run."""
+    return torch.load(os.path.join(folder, "models", f"{run_id}.nn"), weights_only=True)["model"]
+
+
+def test_noise_of_a_share_of_the_rows_is_that_share_of_all_rows() -> None:
+    shape = torch.Size((3, 2))
+    full = noise(torch.Size((8, 2)), torch.Generator().manual_seed(4), torch.device("cpu"), torch.float32)
+    part = noise(shape, torch.Generator().manual_seed(4), torch.device("cpu"), torch.float32, Rows(2, 8))
+    assert torch.equal(part, full[2:5])
+    assert not torch.equal(part, full[:3])
+
+
+def test_categorical_sampling_follows_the_probabilities() -> None:
+    probs = torch.tensor([0.1, 0.0, 0.6, 0.3])
+    dist = MultiCategorical([probs.log().expand(40000, 4)])
+    actions = dist.sample(generator=torch.Generator().manual_seed(0))[:, 0]
+    frequencies = torch.bincount(actions, minlength=4).float() / len(actions)
+    assert frequencies[1] == 0, "an action of probability 0 is never taken"
+    torch.testing.assert_close(frequencies, probs, atol=0.01, rtol=0)
+
+
+@pytest.mark.parametrize("sampling", ["chunks", "steps"])
+def test_the_processes_minibatches_make_up_the_single_process_minibatch(sampling: str) -> None:
+    torch.manual_seed(0)
+    n, t = 4, 8
+    config = small_config(n_workers=n, worker_steps=t, sequence_length=4, n_mini_batch=2)
+    model = ActorCriticModel(config, (3,), [2])
+    cpu = torch.device("cpu")
+    buffer = Buffer(n, t, (3,), torch.float32, 1, model.memory.trace(n, t, cpu), cpu)
+    collect_random_rollout(model, buffer, lambda generator: torch.rand(n, 3, generator=generator))
+    buffer.advantages = torch.randn(n, t)
+    whole = list(buffer.minibatches(2, 4, torch.Generator().manual_seed(3), sampling))
+    halves = []
+    for first in (0, 2):  # each half as a buffer of 2 workers
+        half = Buffer(2, t, (3,), torch.float32, 1, model.memory.trace(2, t, cpu), cpu)
+        half.advantages, half.actions = buffer.advantages[first : first + 2], buffer.actions[first : first + 2]
+        halves.append(list(half.minibatches(2, 4, torch.Generator().manual_seed(3), sampling, Rows(first, n))))
+    for k, minibatch in enumerate(whole):
+        parts = [half[k] for half in halves if half[k] is not None]
+        assert sum(part.share for part in parts) == pytest.approx(1.0)
+        if sampling == "steps":
+            mine = [part.advantages[part.valid] for part in parts]
+            expected = minibatch.advantages[minibatch.valid]
+        else:
+            mine = [part.advantages.reshape(-1) for part in parts]
+            expected = minibatch.advantages.reshape(-1)
+        assert sorted(torch.cat(mine).tolist()) == sorted(expected.tolist())
+
+
+def test_ranks_split_the_lanes() -> None:
+    assert list(Ranks(1, 2).lanes(8)) == [4, 5, 6, 7] and Ranks(1, 2).rows(8) == Rows(4, 8)
+    assert Ranks().rows(8) is None and not Ranks().distributed
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        ["--set", "normalize_advantages=true"],
+        ["--set", "memory=gru", "--set", "reconstruction_coefficient=0.1"],
+        ["--set", "minibatch_sampling=steps", "--set", "transformer.memory_gradients=false"],
+    ],
+    ids=["trxl-chunks", "gru-reconstruction", "trxl-steps"],
+)
+def test_two_processes_end_an_update_with_the_parameters_of_one(tmp_path: str, settings: list[str]) -> None:
+    """2 ranks x 4 workers and 1 process x 8 workers, same seed: the same rollouts, minibatches and steps."""
+    args = [*SMALL, *settings, "--set", "updates=2"]
+    one = run(str(tmp_path), [*args, "--run-id", "one"])
+    assert one.returncode == 0, one.stderr
+    two = run(str(tmp_path), [*args, "--run-id", "two"], processes=2)
+    assert two.returncode == 0, two.stderr
+    assert "on 2 processes (4 workers each)" in two.stdout
+    a, b = weights(str(tmp_path), "one"), weights(str(tmp_path), "two")
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6, msg=key)
+    assert reports(one.stdout) == reports(two.stdout), "the same episodes and losses"
+    assert two.stdout.count("update    2/2") == 1, "only rank 0 reports"
+
+
+def test_two_processes_resume_exactly_and_refuse_another_count(tmp_path: str) -> None:
+    folder = str(tmp_path)
+    whole = run(folder, [*SMALL, "--set", "updates=3", "--run-id", "whole"], processes=2)
+    assert whole.returncode == 0, whole.stderr
+    first = run(folder, [*SMALL, "--set", "updates=1", "--run-id", "part"], processes=2)
+    assert first.returncode == 0, first.stderr
+    checkpoint = os.path.join("models", "part", "checkpoint.pt")
+    payload = torch.load(os.path.join(folder, checkpoint), weights_only=True)
+    assert payload["world_size"] == 2 and len(payload["memory"]) == 2 and len(payload["workers"]) == 8
+    assert any(state["actions"] for state in payload["workers"]), "episodes run across the interruption"
+    alone = run(folder, ["--resume", checkpoint, "--set", "updates=3"])
+    assert alone.returncode == 2 and "resume with --nproc_per_node=2" in alone.stderr
+    resumed = run(folder, ["--resume", checkpoint, "--set", "updates=3"], processes=2)
+    assert resumed.returncode == 0, resumed.stderr
+    a, b = weights(folder, "whole"), weights(folder, "part")
+    assert all(torch.equal(a[key], b[key]) for key in a)
+
+
+def test_a_failing_rank_stops_every_rank_with_its_error(tmp_path: str) -> None:
+    failing = ["--set", "environment={type: Failing, fail_at_step: 20, rank: 1}", "--set", "updates=5"]
+    result = run(str(tmp_path), [*SMALL, *failing, "--run-id", "fails"], processes=2, timeout=120)
+    assert result.returncode != 0
+    assert "training stopped on rank 1 of 2: an environment worker failed" in result.stderr
+    assert "deliberate failure at step 20" in result.stderr
+    leftover = subprocess.run(["pgrep", "-f", "run-id fails"], capture_output=True, text=True)
+    assert leftover.returncode == 1, f"no training process is left behind, found: {leftover.stdout}"
+
+
+def test_worker_counts_must_split_over_the_processes(tmp_path: str) -> None:
+    result = run(str(tmp_path), [*SMALL, "--set", "n_workers=6", "--set", "n_mini_batch=2", "--run-id", "odd"], 4)
+    assert result.returncode != 0  # torchrun exits with 1 whatever its processes' codes (2 here)
+    assert "'n_workers' (6) must split evenly over the 4 processes: use a multiple of 4" in result.stderr
