@@ -84,6 +84,7 @@ class Config:
     n_processes: int
     memory_dtype: str
     compute_dtype: str
+    compile: bool
     checkpoint_interval: int
     eval_interval: int
     eval_episodes: int
@@ -212,6 +213,12 @@ SCHEMA: dict[str, tuple] = {
         "float32",
         ('"float32" or "bfloat16"', lambda v: v in ("float32", "bfloat16")),
         "dtype of the encoder's and memory's matrix products (bfloat16: under torch.autocast, for GPUs and AMX CPUs)",
+    ),
+    "compile": (
+        bool,
+        False,
+        None,
+        "compile the encoder, the transformer blocks and the heads with torch.compile (the first update compiles)",
     ),
     "checkpoint_interval": (int, 10, _NON_NEGATIVE, "checkpoint every this many updates (0 = only at the end)"),
     "eval_interval": (int, 50, _NON_NEGATIVE, "evaluate on unseen seeds every this many updates (0 = never)"),

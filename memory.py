@@ -144,6 +144,10 @@ class Memory(nn.Module, ABC):
     def trace(self, n_workers: int, worker_steps: int, device: torch.device) -> MemoryTrace:
         """An empty trace for rollouts of ``n_workers`` x ``worker_steps``."""
 
+    def compilable(self) -> list[nn.Module]:
+        """Its modules worth compiling with torch.compile (``compile: true``); none by default."""
+        return []
+
     @abstractmethod
     def forward_chunks(self, h: torch.Tensor, context: object) -> MemoryOutput:
         """Features (B, C, D) of B chunks of C consecutive steps, h (B, C, D), with the context ``trace.chunks`` gave."""

@@ -70,6 +70,13 @@ class ActorCriticModel(nn.Module):
         self.bfloat16 = config.compute_dtype == "bfloat16"
         self.memory.autocast = self.autocast
 
+    def compile_modules(self) -> None:
+        """Compiles the encoder, the memory's compilable modules (TrXL: the blocks) and the heads in place with
+        torch.compile, for any batch size (``dynamic=True``); weights and state_dict keys stay as they are. Each
+        module compiles on its first call with a new kind of input, so the first update takes longer."""
+        for module in (self.encoder, *self.memory.compilable(), self.policy, self.value):
+            module.compile(dynamic=True)
+
     def autocast(self) -> torch.autocast:
         """The context the encoder and the memory run in: bfloat16 matrix products with ``compute_dtype: bfloat16``
         (torch.autocast on the parameters' device), else a context that changes nothing. The heads and the decoder

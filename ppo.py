@@ -195,9 +195,10 @@ class PPOLearner:
         diagnostics."""
         self.optimizer.zero_grad(set_to_none=True)
         if minibatch is None:
-            stats = {key: torch.zeros(()) for key in self.stat_keys}
+            device = next(self.model.parameters()).device  # NCCL reduces only tensors on the GPU
+            stats = {key: torch.zeros((), device=device) for key in self.stat_keys}
             if self.config.normalize_advantages:
-                self.normalize(torch.zeros(0))  # take part in the minibatch's all-reduce
+                self.normalize(torch.zeros(0, device=device))  # take part in the minibatch's all-reduce
         else:
             stats = self.backward(minibatch, clip_range, beta, update)
         if self.ranks.distributed:

@@ -87,6 +87,8 @@ class PPOTrainer:
         except ValueError as error:  # e.g. an option the model does not implement for these observations
             self.workers.close()
             raise ConfigError(f"the model cannot be built for this environment: {error}") from None
+        if config.compile:
+            self.model.compile_modules()
         self.learner = PPOLearner(self.model, config, generator, ranks)
         trace = self.model.memory.trace(n, config.worker_steps, device)
         self.buffer = Buffer(
@@ -226,6 +228,8 @@ class PPOTrainer:
                 if config.checkpoint_interval and self.update % config.checkpoint_interval == 0:
                     self.save_checkpoint(self.snapshot)
                 last_means = episode_means or last_means
+                if self.ranks.main and config.compile and self.update == start_update + 1:
+                    print(f"  the first update took {time.time() - tick:.0f}s, torch.compile's compilation included")
                 if self.ranks.main and (self.update % log_every == 0 or self.update == config.updates):
                     elapsed = time.time() - start
                     left = elapsed / (self.update - start_update) * (config.updates - self.update)

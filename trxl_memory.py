@@ -48,6 +48,7 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
+from torch import nn
 
 from config import TransformerConfig
 from memory import Memory, MemoryOutput, MemoryState, MemoryTrace
@@ -375,6 +376,10 @@ class TrXLMemory(Memory):
 
     def trace(self, n_workers: int, worker_steps: int, device: torch.device) -> TrXLTrace:
         return TrXLTrace(self.layout, n_workers, worker_steps, self.config, self.memory_dtype, device)
+
+    def compilable(self) -> list[nn.Module]:
+        """The transformer blocks: the ring and window bookkeeping around them stays plain Python."""
+        return list(self.transformer.blocks)
 
     def forward_chunks(self, h: torch.Tensor, context: TrXLContext) -> MemoryOutput:
         """Fast: each of a chunk's S slots is projected once and the C queries attend to their bands in one call.
