@@ -225,19 +225,23 @@ def train_processes(config_path: str, overrides: dict, processes: int, updates: 
     sets = {**overrides, "updates": updates + 1, "eval_interval": 0, "checkpoint_interval": 0}
     command = [*launcher, train, f"--config={os.path.abspath(config_path)}", "--run-id=benchmark"]
     command += [f"--set={key}={json.dumps(value)}" for key, value in sets.items()] + (["--cpu"] if cpu else [])
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    # A fresh parent per count, so that its children's peak (the largest of them, in KiB) is this count's alone.
+    parent = (
+        "import resource, subprocess, sys; code = subprocess.run(sys.argv[1:]).returncode; "
+        "print('peak_rss_kib', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); sys.exit(code)"
+    )
     with tempfile.TemporaryDirectory() as folder:
-        result = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True)
+        result = subprocess.run([sys.executable, "-c", parent, *command], cwd=folder, env=env, capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError(f"training on {processes} process(es) failed:\n{result.stderr[-4000:]}")
     rates = [float(line.split("sps")[1].split()[0]) for line in result.stdout.splitlines() if line.startswith("update ")]
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # the largest process so far, in KiB
+    peak = int(result.stderr.split("peak_rss_kib")[-1].split()[0])
     return {
         "processes": processes,
         "threads_per_process": threads,
         "overall_sps": float(np.mean(rates[1:])),
         "per_process_sps": float(np.mean(rates[1:])) / processes,
-        "peak_rss_mb": peak / 1024 if peak > before else float("nan"),
+        "peak_rss_mb": peak / 1024,
     }
 
 
@@ -289,6 +293,12 @@ def main() -> int:
     if args["--steps"]:
         overrides["worker_steps"] = int(args["--steps"])
     config = load_config(args["--config"], overrides)
+    if args["--processes"]:
+        try:
+            counts = [int(count) for count in args["--processes"].split(",") if count]
+        except ValueError:
+            counts = []
+        return scaling(args, config, overrides, counts)
     paths = [path for path in args["--paths"].split(",") if path]
     try:
         for path in paths:
@@ -303,12 +313,6 @@ def main() -> int:
         return 2
     if args["--long-episodes"]:
         return long_episodes(args, config, overrides, memories, int(args["--long-episodes"]), device)
-    if args["--processes"]:
-        try:
-            counts = [int(count) for count in args["--processes"].split(",") if count]
-        except ValueError:
-            counts = []
-        return scaling(args, config, overrides, counts)
     described = f"memory {config.memory}"
     if config.memory == "trxl":
         described += f", memory_length {config.transformer.memory_length}"

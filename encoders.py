@@ -56,6 +56,7 @@ class _ConvOnLevels(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor) -> tuple[None, torch.Tensor | None, torch.Tensor | None, None, None]:
         levels, weight = ctx.saved_tensors
         stride, padding = ctx.stride, ctx.padding
+        grad = grad.float()  # bfloat16 under autocast (compute_dtype): the gradients are computed in float32
         _, grad_weight, grad_bias = torch.ops.aten.convolution_backward(
             grad, _channels_last_floats(levels), weight / 255, [weight.shape[0]], [stride, stride], [padding, padding],
             [1, 1], False, [0, 0], 1, [False, ctx.needs_input_grad[1], ctx.needs_input_grad[2]],

@@ -89,9 +89,11 @@ def global_normalizer(ranks: Ranks) -> Callable[[torch.Tensor], torch.Tensor]:
     whole minibatch's mean and (unbiased) standard deviation, from one all-reduce of sums. A rank that holds none of
     the minibatch calls it with an empty tensor, to take part in the all-reduce."""
 
+    buffers: dict[torch.device, torch.Tensor] = {}  # one per device, reused: see PPOLearner.sum_over_ranks
+
     def normalize(advantages: torch.Tensor) -> torch.Tensor:
-        sums = torch.stack([advantages.sum(), advantages.square().sum()]).double()
-        sums = torch.cat([sums, torch.tensor([float(advantages.numel())], dtype=torch.float64, device=sums.device)])
+        sums = buffers.setdefault(advantages.device, torch.empty(3, dtype=torch.float64, device=advantages.device))
+        sums[0], sums[1], sums[2] = advantages.sum(), advantages.square().sum(), float(advantages.numel())
         total, squares, count = all_reduce_sum(sums, ranks).tolist()
         mean = total / count
         std = max((squares - count * mean * mean) / (count - 1), 0.0) ** 0.5
@@ -158,6 +160,7 @@ class PPOLearner:
         self.ranks = ranks
         self.rows = ranks.rows(config.n_workers)
         self.normalize = global_normalizer(ranks) if ranks.distributed else None
+        self._reduce_buffer: torch.Tensor | None = None  # see sum_over_ranks
         self.stat_keys = STAT_KEYS + (("reconstruction_loss",) if config.reconstruction_coefficient > 0 else ())
         # The fused implementation is several times faster than the per-tensor loop, on the CPU too.
         self.optimizer = torch.optim.AdamW(
@@ -241,7 +244,14 @@ class PPOLearner:
         flat = [p.grad.reshape(-1) if p.grad is not None else torch.zeros_like(p).reshape(-1) for p in parameters]
         has_grad = torch.tensor([float(p.grad is not None) for p in parameters], device=flat[0].device)
         values = torch.stack([stats[key].float() for key in self.stat_keys]).to(flat[0].device)
-        summed = all_reduce_sum(torch.cat([*flat, has_grad, values]), self.ranks)
+        size = sum(x.numel() for x in flat) + len(parameters) + len(values)
+        if self._reduce_buffer is None or self._reduce_buffer.numel() != size:
+            # One buffer for every all-reduce: gloo keeps state per tensor address, so a new tensor per minibatch made
+            # each process grow by the gradients' size with every minibatch (1.1 GB per MiniGrid update).
+            self._reduce_buffer = torch.empty(size, dtype=flat[0].dtype, device=flat[0].device)
+        with torch.no_grad():
+            torch.cat([*flat, has_grad, values], out=self._reduce_buffer)
+        summed = all_reduce_sum(self._reduce_buffer, self.ranks)
         offset = 0
         for p in parameters:
             p.grad = summed[offset : offset + p.numel()].view_as(p).clone()

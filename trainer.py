@@ -46,7 +46,9 @@ class PPOTrainer:
 
     After every update (and before the first) the trainer takes a snapshot of the training state (checkpoint.py). It
     is written to ``models/<run-id>/checkpoint.pt`` every ``checkpoint_interval`` updates, at the end, and whenever
-    training stops early, so a stop never loses more than the update in progress.
+    training stops early, so a stop never loses more than the update in progress. With several processes the snapshot
+    is taken (gathered from all of them) only every ``checkpoint_interval`` updates and at the end, so an early stop
+    keeps the last of those.
     """
 
     def __init__(
@@ -224,8 +226,12 @@ class PPOTrainer:
                 episode_means = {key: float(np.mean(values)) for key, values in rollout.episodes.items()}
                 line = self.log(episode_means, stats, time.time() - tick)
                 self.progress.update += 1
-                self.snapshot = self.snapshot_state()
-                if config.checkpoint_interval and self.update % config.checkpoint_interval == 0:
+                due = bool(config.checkpoint_interval) and self.update % config.checkpoint_interval == 0
+                if not self.ranks.distributed or due or self.update == config.updates:
+                    # Several processes gather their states only for a checkpoint: gloo keeps state for every new
+                    # tensor it moves, so gathering them after every update made rank 0 grow with each update.
+                    self.snapshot = self.snapshot_state()
+                if due:
                     self.save_checkpoint(self.snapshot)
                 last_means = episode_means or last_means
                 if self.ranks.main and config.compile and self.update == start_update + 1:

@@ -58,3 +58,19 @@ def test_bfloat16_training_runs(tmp_path: str) -> None:
     trainer = train_small(tmp_path, "bf16", 2, compute_dtype="bfloat16")
     assert trainer.update == 2
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+
+
+def test_bfloat16_gradients_of_an_image_encoder_stay_close_to_float32() -> None:
+    """The uint8-levels convolution computes its weight gradients in float32 also under autocast."""
+    torch.manual_seed(0)
+    models = [ActorCriticModel(small_config(compute_dtype=dtype), (3, 36, 36), [3]) for dtype in ("float32", "bfloat16")]
+    models[1].load_state_dict(models[0].state_dict())
+    obs = models[0].prepare(torch.rand(2, 4, 3, 36, 36).numpy())
+    grads = []
+    for model in models:
+        with model.autocast():  # the encoder alone, in the context the model runs it in
+            h = model.encoder(obs)
+        h.float().square().mean().backward()
+        grads.append(model.encoder.conv[0].weight.grad)
+    assert grads[1].dtype == torch.float32 and torch.isfinite(grads[1]).all()
+    torch.testing.assert_close(grads[1], grads[0], atol=0.05 * grads[0].abs().max().item(), rtol=0)
