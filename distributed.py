@@ -12,8 +12,8 @@ by its share of the minibatch's steps, and the gradients are summed over the ran
 step equals the single-process step up to the order of floating-point sums (advantages are normalised with the
 minibatch's global mean and standard deviation). Every rank then holds the same parameters, which ``check_identical``
 verifies after every update. Rank 0 alone writes summaries, the model and the checkpoint; the checkpoint holds every
-rank's environment and memory state (gathered after every update), so a resume with the same number of processes
-continues exactly.
+rank's environment and memory state (gathered every ``checkpoint_interval`` updates and at the end), so a resume with
+the same number of processes continues exactly.
 
 Backends: NCCL on CUDA (each rank on the GPU of its LOCAL_RANK), gloo on the CPU. A plain ``python train.py`` runs
 with ``SINGLE`` and never touches torch.distributed.
@@ -82,24 +82,22 @@ def launched() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
-def start(device_type: str) -> tuple[Ranks, torch.device | None]:
+def start(device_type: str) -> Ranks:
     """Joins the process group torchrun describes in the environment (RANK, WORLD_SIZE, MASTER_ADDR, ...).
 
     Args:
-        device_type: "cuda" or "cpu": NCCL with one GPU per rank (LOCAL_RANK), or gloo.
+        device_type: "cuda" or "cpu": NCCL with one GPU per rank (made the current device by LOCAL_RANK), or gloo.
 
     Returns:
-        This process's Ranks, and its CUDA device (None on the CPU).
+        This process's Ranks.
     """
     if not launched():
-        return SINGLE, None
-    device = None
+        return SINGLE
     if device_type == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
+        torch.cuda.set_device(torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))))
     backend = "nccl" if device_type == "cuda" else "gloo"
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=TIMEOUT_S))
-    return Ranks(dist.get_rank(), dist.get_world_size()), device
+    return Ranks(dist.get_rank(), dist.get_world_size())
 
 
 def stop() -> None:

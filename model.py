@@ -25,7 +25,7 @@ from action_spec import ActionSpec
 from config import Config
 from encoders import make_decoder, make_encoder
 from heads import DiagonalGaussian, MultiCategorical, ValueHead, make_policy_head
-from memory import MemoryState, make_memory, memory_input_dim
+from memory import MemoryOutput, MemoryState, make_memory, memory_input_dim
 
 
 class PolicyOutput(NamedTuple):
@@ -104,16 +104,14 @@ class ActorCriticModel(nn.Module):
         with self.autocast():
             h = self.encoder(observations.apply(lambda x: x.unsqueeze(1), obs))[:, 0]  # (n, D)
             out = self.memory.step(h, state, index, return_attention)
-        features = out.features.float()
-        return PolicyOutput(self.policy(features), self.value(features), out.record, out.attention)
+        return self.heads(out, keep_features=False)
 
     def forward(self, obs: torch.Tensor, context: object) -> PolicyOutput:
         """Policy and values (B, C) of B chunks of C consecutive steps, observations (B, C, *obs_shape), with the
         memory context the trace gave for them."""
         with self.autocast():
             out = self.memory.forward_chunks(self.encoder(obs), context)
-        features = out.features.float()
-        return PolicyOutput(self.policy(features), self.value(features), out.record, out.attention, features)
+        return self.heads(out)
 
     def forward_steps(self, obs: torch.Tensor, context: object, valid: torch.Tensor | None = None) -> PolicyOutput:
         """Policy and values (B, Q) of B rows of Q single steps, observations (B, Q, *obs_shape), with the memory
@@ -131,5 +129,12 @@ class ActorCriticModel(nn.Module):
                 encoded = self.encoder(observations.apply(lambda x: x[valid].unsqueeze(1), obs))[:, 0]  # (M, D)
                 h = encoded.new_zeros(*valid.shape, encoded.shape[-1]).masked_scatter(valid.unsqueeze(-1), encoded)
             out = self.memory.forward_steps(h, context)
+        return self.heads(out)
+
+    def heads(self, out: MemoryOutput, keep_features: bool = True) -> PolicyOutput:
+        """Policy and value from the memory's output, in float32 (outside ``autocast``); with ``keep_features`` the
+        features stay in the output, for the reconstruction loss in training."""
         features = out.features.float()
-        return PolicyOutput(self.policy(features), self.value(features), out.record, out.attention, features)
+        return PolicyOutput(
+            self.policy(features), self.value(features), out.record, out.attention, features if keep_features else None
+        )

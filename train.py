@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         return train(argv, SINGLE)
     args = parse_args(__doc__, argv)
     device_type = "cuda" if torch.cuda.is_available() and not args["--cpu"] else "cpu"
-    ranks, _ = distributed.start(device_type)
+    ranks = distributed.start(device_type)
     try:
         if not ranks.main:
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - rank 0 reports progress; errors still reach stderr

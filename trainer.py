@@ -136,10 +136,10 @@ class PPOTrainer:
                 self.progress, self.config, self.model, self.learner.optimizer, self.learner.generator,
                 self.workers.state(), self.collector.state, self.buffer.trace,
             )  # fmt: skip
-        shard = {
+        shard = {  # state_dict() gives CPU copies
             "workers": self.workers.state(),
-            "memory": {key: value.cpu() for key, value in self.collector.state.state_dict().items()},
-            "trace": {key: value.cpu() for key, value in self.buffer.trace.state_dict().items()},
+            "memory": self.collector.state.state_dict(),
+            "trace": self.buffer.trace.state_dict(),
         }
         shards = gather_to_main(shard, self.ranks)
         if shards is None:
