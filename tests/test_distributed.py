@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 
@@ -29,13 +28,6 @@ SMALL = [
 ]  # fmt: skip
 
 
-def free_port() -> int:
-    """A TCP port nobody listens on now, for torchrun's rendezvous."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def run(folder: str, args: list[str], processes: int = 1, timeout: int = 240) -> subprocess.CompletedProcess:
     """train.py in ``folder``, plainly or under torchrun with ``processes`` processes (one thread each)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -43,8 +35,8 @@ def run(folder: str, args: list[str], processes: int = 1, timeout: int = 240) ->
         command = [sys.executable, TRAIN, *args]
     else:
         command = [
-            sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}",
-            f"--master_port={free_port()}", TRAIN, *args,
+            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}", TRAIN,
+            *args,
         ]  # fmt: skip
     return subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=timeout)
 
