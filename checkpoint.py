@@ -176,7 +176,12 @@ def restore_training(
             f"gives observations {expected[0]} and actions {expected[1]}: resume with the config it was trained with"
         )
     load_weights(model, payload["model"], "the checkpoint")
+    # The optimizer's moments come from the checkpoint, its settings (epsilon) from the run's config: load_state_dict
+    # would restore the saved ones, and a `--set adam_epsilon=...` on resume would be ignored without a word.
+    settings = [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
     optimizer.load_state_dict(payload["optimizer"])
+    for group, setting in zip(optimizer.param_groups, settings, strict=True):
+        group.update(setting)
     torch.set_rng_state(payload["rng"]["torch"])
     if next(model.parameters()).device.type == "cuda" and payload["rng"]["cuda"]:
         torch.cuda.set_rng_state_all(payload["rng"]["cuda"])

@@ -81,6 +81,7 @@ class Config:
     hidden_layer_size: int
     max_grad_norm: float
     adam_epsilon: float
+    target_kl: float
     n_processes: int
     memory_dtype: str
     compute_dtype: str
@@ -200,6 +201,13 @@ SCHEMA: dict[str, tuple] = {
         _POSITIVE,
         "epsilon of the AdamW optimizer (added to the root of its second-moment estimate; torch's default 1e-8 is the "
         "reference's)",
+    ),
+    "target_kl": (
+        float,
+        0.0,
+        _NON_NEGATIVE,
+        "end an update's epochs at the first minibatch whose approximate KL divergence from the rollout's policy "
+        "exceeds this, before its gradient step (0 = off: every epoch runs, as in the reference)",
     ),
     "n_processes": (int, 0, _NON_NEGATIVE, "environment worker processes (0 = step environments in the main process)"),
     "memory_dtype": (

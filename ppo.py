@@ -177,25 +177,36 @@ class PPOLearner:
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate
         stats: dict[str, list[float]] = defaultdict(list)
+        steps, stopped = 0, False
         for _ in range(config.epochs):
             minibatches = buffer.minibatches(
                 config.n_mini_batch, config.sequence_length, self.generator, config.minibatch_sampling, self.rows
             )
             for minibatch in minibatches:
-                for key, value in self.train_minibatch(minibatch, clip_range, beta, update).items():
+                minibatch_stats, stopped = self.train_minibatch(minibatch, clip_range, beta, update)
+                for key, value in minibatch_stats.items():
                     stats[key].append(value)
+                if stopped:
+                    break
+                steps += 1
+            if stopped:
+                break
         values, returns = buffer.values.flatten(), buffer.returns.flatten()
         variance = returns.var()
         explained = (1 - (returns - values).var() / variance).item() if variance > 0 else float("nan")
         result = {key: float(np.mean(value)) for key, value in stats.items()}
         result.update(
-            explained_variance=explained, learning_rate=learning_rate, entropy_coefficient=beta, clip_range=clip_range
-        )
+            explained_variance=explained, learning_rate=learning_rate, entropy_coefficient=beta, clip_range=clip_range,
+            gradient_steps=steps, kl_stop=float(stopped),
+        )  # fmt: skip
         return result
 
-    def train_minibatch(self, minibatch: Minibatch | None, clip_range: float, beta: float, update: int) -> dict[str, float]:
+    def train_minibatch(
+        self, minibatch: Minibatch | None, clip_range: float, beta: float, update: int
+    ) -> tuple[dict[str, float], bool]:
         """One gradient step on one minibatch (None: this process holds none of its steps); returns its losses and
-        diagnostics."""
+        diagnostics, and whether the update stops here: with ``target_kl`` set, a minibatch whose approximate KL
+        divergence from the rollout's policy exceeds it takes no step (every rank sees the same summed KL)."""
         self.optimizer.zero_grad(set_to_none=True)
         if minibatch is None:
             device = next(self.model.parameters()).device  # NCCL reduces only tensors on the GPU
@@ -206,11 +217,14 @@ class PPOLearner:
             stats = self.backward(minibatch, clip_range, beta, update)
         if self.ranks.distributed:
             stats = self.sum_over_ranks(stats)
+        stats = {key: value.item() for key, value in stats.items()}
+        if 0 < self.config.target_kl < stats["approx_kl"]:
+            return stats, True
         grad_norms, total_norm = clip_gradients(self.model, self.config.max_grad_norm)
         if not torch.isfinite(total_norm):
             raise NonFiniteError(f"the gradient norm became {total_norm.item()} in update {update + 1}")
         self.optimizer.step()
-        return {**{key: value.item() for key, value in stats.items()}, **grad_norms}
+        return {**stats, **grad_norms}, False
 
     def backward(self, minibatch: Minibatch, clip_range: float, beta: float, update: int) -> dict[str, torch.Tensor]:
         """The loss of a minibatch, weighted by its share, and its gradients; returns the weighted losses."""

@@ -18,6 +18,8 @@ LOSSES = {
     "reconstruction_loss": "losses/reconstruction",  # with reconstruction_coefficient > 0
 }
 TRAINING = ("approx_kl", "clip_fraction", "explained_variance", "learning_rate", "entropy_coefficient", "clip_range")
+# and, where the trainer reports them, the gradient steps an update took and whether target_kl ended it early
+OPTIONAL_TRAINING = ("gradient_steps", "kl_stop")
 
 
 class Summaries:
@@ -42,6 +44,9 @@ class Summaries:
                 self.writer.add_scalar(tag, stats[key], env_steps)
         for key in TRAINING:
             self.writer.add_scalar(f"training/{key}", stats[key], env_steps)
+        for key in OPTIONAL_TRAINING:
+            if key in stats:
+                self.writer.add_scalar(f"training/{key}", stats[key], env_steps)
         self.writer.add_scalar("training/sps", sps, env_steps)
         for key, value in stats.items():
             if key.startswith("grad_norm/"):
@@ -76,7 +81,10 @@ def console_line(
             line += f"  success {episode_means['success']:.2f}"
     else:
         line += "  (no episode ended)"
-    return line + (
+    line += (
         f"  pi {stats['policy_loss']:7.4f}  v {stats['value_loss']:7.4f}  entropy {stats['entropy']:.3f}"
         f"  kl {stats['approx_kl']:.4f}"
     )
+    if stats.get("kl_stop"):
+        line += f"  (target_kl: stopped after {stats['gradient_steps']:.0f} steps)"
+    return line

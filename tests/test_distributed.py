@@ -108,8 +108,10 @@ def test_ranks_split_the_lanes() -> None:
         ["--set", "normalize_advantages=true"],
         ["--set", "memory=gru", "--set", "reconstruction_coefficient=0.1"],
         ["--set", "minibatch_sampling=steps", "--set", "transformer.memory_gradients=false"],
+        # target_kl ends update 1 after 3 of its 4 steps and lets update 2 take all 4: every rank must stop together
+        ["--set", "target_kl=0.02", "--set", "learning_rate_schedule={initial: 0.01, final: 0.01, max_decay_steps: 1}"],
     ],
-    ids=["trxl-chunks", "gru-reconstruction", "trxl-steps"],
+    ids=["trxl-chunks", "gru-reconstruction", "trxl-steps", "trxl-target-kl"],
 )
 def test_two_processes_end_an_update_with_the_parameters_of_one(tmp_path: str, settings: list[str]) -> None:
     """2 ranks x 4 workers and 1 process x 8 workers, same seed: the same rollouts, minibatches and steps."""
@@ -124,6 +126,8 @@ def test_two_processes_end_an_update_with_the_parameters_of_one(tmp_path: str, s
         torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6, msg=key)
     assert reports(one.stdout) == reports(two.stdout), "the same episodes and losses"
     assert two.stdout.count("update    2/2") == 1, "only rank 0 reports"
+    if "target_kl=0.02" in settings:
+        assert "(target_kl: stopped after 3 steps)" in reports(one.stdout)[0], one.stdout
 
 
 def test_two_processes_resume_exactly_and_refuse_another_count(tmp_path: str) -> None:
