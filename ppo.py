@@ -177,20 +177,21 @@ class PPOLearner:
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate
         stats: dict[str, list[float]] = defaultdict(list)
-        steps, stopped = 0, False
-        for _ in range(config.epochs):
-            minibatches = buffer.minibatches(
+        minibatches = (  # each epoch cuts its minibatches when the one before is done
+            minibatch
+            for _ in range(config.epochs)
+            for minibatch in buffer.minibatches(
                 config.n_mini_batch, config.sequence_length, self.generator, config.minibatch_sampling, self.rows
             )
-            for minibatch in minibatches:
-                minibatch_stats, stopped = self.train_minibatch(minibatch, clip_range, beta, update)
-                for key, value in minibatch_stats.items():
-                    stats[key].append(value)
-                if stopped:
-                    break
-                steps += 1
+        )
+        steps, stopped = 0, False
+        for minibatch in minibatches:
+            minibatch_stats, stopped = self.train_minibatch(minibatch, clip_range, beta, update)
+            for key, value in minibatch_stats.items():
+                stats[key].append(value)
             if stopped:
                 break
+            steps += 1
         values, returns = buffer.values.flatten(), buffer.returns.flatten()
         variance = returns.var()
         explained = (1 - (returns - values).var() / variance).item() if variance > 0 else float("nan")

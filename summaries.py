@@ -17,9 +17,10 @@ LOSSES = {
     "total_loss": "losses/total",
     "reconstruction_loss": "losses/reconstruction",  # with reconstruction_coefficient > 0
 }
-TRAINING = ("approx_kl", "clip_fraction", "explained_variance", "learning_rate", "entropy_coefficient", "clip_range")
-# and, where the trainer reports them, the gradient steps an update took and whether target_kl ended it early
-OPTIONAL_TRAINING = ("gradient_steps", "kl_stop")
+TRAINING = (
+    "approx_kl", "clip_fraction", "explained_variance", "learning_rate", "entropy_coefficient", "clip_range",
+    "gradient_steps", "kl_stop",  # the optimizer steps the update took, and whether target_kl ended it early
+)  # fmt: skip
 
 
 class Summaries:
@@ -44,9 +45,6 @@ class Summaries:
                 self.writer.add_scalar(tag, stats[key], env_steps)
         for key in TRAINING:
             self.writer.add_scalar(f"training/{key}", stats[key], env_steps)
-        for key in OPTIONAL_TRAINING:
-            if key in stats:
-                self.writer.add_scalar(f"training/{key}", stats[key], env_steps)
         self.writer.add_scalar("training/sps", sps, env_steps)
         for key, value in stats.items():
             if key.startswith("grad_norm/"):
@@ -85,6 +83,6 @@ def console_line(
         f"  pi {stats['policy_loss']:7.4f}  v {stats['value_loss']:7.4f}  entropy {stats['entropy']:.3f}"
         f"  kl {stats['approx_kl']:.4f}"
     )
-    if stats.get("kl_stop"):
+    if stats["kl_stop"]:
         line += f"  (target_kl: stopped after {stats['gradient_steps']:.0f} steps)"
     return line
