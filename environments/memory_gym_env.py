@@ -20,6 +20,12 @@ from environments.registry import REQUIRED, EnvFamily, Key, invalid
 SEED_KEYS = ("start-seed", "num-seeds")  # reset_params keys read by this wrapper, not passed to memory-gym
 DEFAULT_RESET_PARAMS = {"start-seed": 0, "num-seeds": 100000}
 
+# Mortar Mayhem tasks whose episode-end info memory-gym (1.0.2) gets wrong: it reports success 1 and commands_completed
+# 1.0 once the last command is checked, even when the agent failed it (with 1 command a random agent "succeeds" in
+# every episode), and counts a command as not completed when the agent executed it but then stepped onto an exploding
+# tile. The wrapper counts the executed commands itself (_command_executed) and reports those.
+_COMMANDS_COUNTED = ("MortarMayhem-v0", "MortarMayhem-Grid-v0")
+
 # MortarMayhemB* observe a dict (vector + image), which the single-image models of this repo cannot take.
 _UNSUPPORTED = ("MortarMayhemB-v0", "MortarMayhemB-Grid-v0")
 
@@ -136,6 +142,8 @@ class MemoryGymEnv(gymnasium.Wrapper):
         self.env.reset(seed=start, options=dict(self._options))
         self.max_episode_steps = int(self.env.unwrapped.max_episode_steps)
         self._time_limit = int(self.env.unwrapped.reset_params.get("max_steps", -1))
+        self._count_commands = name in _COMMANDS_COUNTED
+        self._commands_executed = 0
         self._return = 0.0
         self._length = 0
         self._closed = False
@@ -160,6 +168,7 @@ class MemoryGymEnv(gymnasium.Wrapper):
         obs, info = self.env.reset(seed=self.episode_seed, options=dict(self._options))
         self._return = 0.0
         self._length = 0
+        self._commands_executed = 0
         if self.render_mode == "human":
             self.env.render()
         return self._observe(obs), info
@@ -174,7 +183,10 @@ class MemoryGymEnv(gymnasium.Wrapper):
             Observation (3, 84, 84), reward, terminated, truncated and info; at the episode's end info["episode"] holds
             reward, length, success (where the task has it) and the task's progress metrics as floats.
         """
+        commands_checked = getattr(self.env.unwrapped, "_current_command", 0)
         obs, reward, done, _, info = self.env.step(action)
+        if self._count_commands and _command_executed(self.env.unwrapped, commands_checked):
+            self._commands_executed += 1
         self._return += float(reward)
         self._length += 1
         truncated = done and is_time_limit(self._length, self._time_limit, info)
@@ -182,6 +194,10 @@ class MemoryGymEnv(gymnasium.Wrapper):
             numbers = (bool, int, float, np.number, np.bool_)
             episode = {key: float(value) for key, value in info.items() if isinstance(value, numbers)}
             episode.update(reward=self._return, length=float(self._length))
+            if self._count_commands:
+                commands = self.env.unwrapped.num_commands
+                episode.update(success=float(self._commands_executed == commands))
+                episode.update(commands_completed=self._commands_executed / commands)
             info = {**{key: value for key, value in info.items() if key not in episode}, "episode": episode}
         if self.render_mode == "human":
             self.env.render()
@@ -201,6 +217,16 @@ class MemoryGymEnv(gymnasium.Wrapper):
         _open_envs -= 1
         if _open_envs == 0:
             self.env.close()
+
+
+def _command_executed(task: gymnasium.Env, commands_checked: int) -> bool:
+    """Whether the Mortar Mayhem step just taken checked a command and found the agent on its target tile.
+
+    Args:
+        task: The unwrapped Mortar Mayhem task after the step.
+        commands_checked: Its count of checked commands before the step.
+    """
+    return task._current_command > commands_checked and task.normalized_agent_position == task._target_pos
 
 
 def is_time_limit(length: int, time_limit: int, info: dict) -> bool:

@@ -359,6 +359,24 @@ def test_memory_gym_seed_reproduces_episodes() -> None:
     assert not np.array_equal(obs_a[0], obs_a[1])
 
 
+@pytest.mark.parametrize("commands", [1, 2])
+def test_mortar_mayhem_success_needs_every_command_executed(commands: int) -> None:
+    # memory-gym reports success (and all commands completed) once the last command is checked, even when the agent
+    # failed it; the wrapper must count only episodes whose every command earned its reward.
+    params = {"command_count": [commands], "reward_command_success": 0.1, "reward_command_failure": 0.0}
+    env = create_env({"type": "MemoryGym", "name": "MortarMayhem-Grid-v0", "reset_params": params})
+    env.reset(seed=0)
+    env.action_space.seed(0)
+    episodes = []
+    for _ in range(60):
+        episodes.append(run_episode(env)[-1][4]["episode"])
+        env.reset()
+    executed = [round(episode["reward"] / 0.1) for episode in episodes]
+    assert [episode["success"] for episode in episodes] == [float(n == commands) for n in executed]
+    assert [episode["commands_completed"] for episode in episodes] == pytest.approx([n / commands for n in executed])
+    assert 0 < sum(n == commands for n in executed) < len(episodes)  # random play both fails and succeeds
+
+
 def test_memory_gym_close_keeps_other_instances_working() -> None:
     first, second = create_env(MEMORY_GYM_COMMANDS_2), create_env(MEMORY_GYM_COMMANDS_2)
     first.reset(seed=0)
