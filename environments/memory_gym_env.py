@@ -183,7 +183,7 @@ class MemoryGymEnv(gymnasium.Wrapper):
             Observation (3, 84, 84), reward, terminated, truncated and info; at the episode's end info["episode"] holds
             reward, length, success (where the task has it) and the task's progress metrics as floats.
         """
-        commands_checked = getattr(self.env.unwrapped, "_current_command", 0)
+        commands_checked = self.env.unwrapped._current_command if self._count_commands else 0
         obs, reward, done, _, info = self.env.step(action)
         if self._count_commands and _command_executed(self.env.unwrapped, commands_checked):
             self._commands_executed += 1
