@@ -196,8 +196,8 @@ class MemoryGymEnv(gymnasium.Wrapper):
             episode.update(reward=self._return, length=float(self._length))
             if self._count_commands:
                 commands = self.env.unwrapped.num_commands
-                episode.update(success=float(self._commands_executed == commands))
-                episode.update(commands_completed=self._commands_executed / commands)
+                executed = self._commands_executed
+                episode.update(success=float(executed == commands), commands_completed=executed / commands)
             info = {**{key: value for key, value in info.items() if key not in episode}, "episode": episode}
         if self.render_mode == "human":
             self.env.render()
