@@ -151,7 +151,8 @@ def check_resume_shapes(checkpoint: dict, config: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run train.py with the command-line arguments ``argv`` (default: sys.argv[1:]); returns the exit code.
 
-    Started by torchrun as one of several processes, it joins their process group first and leaves it at the end.
+    Started by torchrun as one of several processes, it joins their process group first, leaves it at the end and
+    ends the process with the exit code (``distributed.leave``) instead of returning.
     """
     if not distributed.launched():
         return train(argv, SINGLE)
@@ -161,9 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not ranks.main:
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - rank 0 reports progress; errors still reach stderr
-        return train(argv, ranks)
+        code = train(argv, ranks)
     finally:
         distributed.stop()
+    distributed.leave(code)  # everything is saved and closed: skip the shutdown that sometimes aborts (see leave)
 
 
 def train(argv: list[str] | None, ranks: Ranks) -> int:

@@ -162,3 +162,15 @@ def test_worker_counts_must_split_over_the_processes(tmp_path: str) -> None:
     result = run(str(tmp_path), [*SMALL, "--set", "n_workers=6", "--set", "n_mini_batch=2", "--run-id", "odd"], 4)
     assert result.returncode != 0  # torchrun exits with 1 whatever its processes' codes (2 here)
     assert "'n_workers' (6) must split evenly over the 4 processes: use a multiple of 4" in result.stderr
+
+
+def test_leave_ends_the_process_with_its_code_and_flushes_what_it_printed(tmp_path: str) -> None:
+    # train.py's torchrun processes end through distributed.leave, which skips the interpreter's shutdown: what they
+    # printed last must still arrive, and torchrun must see their exit code.
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import distributed; "
+        "print('saved', end=''); print('last words', end='', file=sys.stderr); distributed.leave(3)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # buffered, as a plain run's pipes are
+    result = subprocess.run([sys.executable, "-c", script, ROOT], env=env, capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stdout, result.stderr) == (3, "saved", "last words")
