@@ -6,6 +6,9 @@ Usage:
 
 Options:
   --model=<path>      Model file written by train.py [default: models/run.nn].
+  --random            Play uniformly random actions instead of a model, in the environment of --config: the chance
+                      level to compare scores with (no window; --set changes any config key).
+  --config=<path>     The config whose environment --random plays.
   --episodes=<n>      Number of episodes [default: 1].
   --seed=<n>          Evaluation seed (a stream disjoint from training seeds) [default: 0].
   --no-render         Do not open a window.
@@ -33,9 +36,9 @@ import observations
 from action_spec import ActionSpec
 from checkpoint import load_model
 from cli import ROOT, no_display_reason, parse_args, shipped_path
-from config import Config, ConfigError, apply_overrides, parse_overrides
+from config import Config, ConfigError, apply_overrides, load_config, parse_overrides
 from environments import create_env, validate_env_config
-from evaluation import evaluate, format_summary, summarize
+from evaluation import evaluate, format_summary, random_play, summarize
 from figures import attention_frame
 from model import ActorCriticModel
 
@@ -148,6 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     if episodes < 1:
         print(f"error: --episodes must be at least 1, got {episodes}", file=sys.stderr)
         return 2
+    if args["--random"]:
+        return play_randomly(args, episodes, seed)
+    if args["--config"] is not None:
+        print("error: --config goes with --random: a model brings the config it was trained with", file=sys.stderr)
+        return 2
     if args["--attention"] and not args["--record"]:
         print("error: --attention draws into recorded frames: add --record=out.gif", file=sys.stderr)
         return 2
@@ -210,11 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    for index, result in enumerate(results):
-        details = "  ".join(f"{key} {value:g}" for key, value in result.items())
-        print(f"episode {index + 1}: {details}")
-    summary = summarize(results, seed=seed)
-    print(format_summary(summary))
+    summary = report(results, seed)
     if record:
         try:
             write_video(frames, record)
@@ -224,6 +228,41 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {len(frames)} frames to {record}")
     if args["--json"]:
         print(json.dumps({"model": model_path, "episodes": episodes, "seed": seed, "summary": summary}))
+    return 0
+
+
+def report(results: list[dict[str, float]], seed: int) -> dict[str, dict[str, float]]:
+    """Prints each episode's metrics and their summary; returns the summary."""
+    for index, result in enumerate(results):
+        details = "  ".join(f"{key} {value:g}" for key, value in result.items())
+        print(f"episode {index + 1}: {details}")
+    summary = summarize(results, seed=seed)
+    print(format_summary(summary))
+    return summary
+
+
+def play_randomly(args: dict, episodes: int, seed: int) -> int:
+    """enjoy.py --random: uniformly random actions in the environment of --config; returns the exit code."""
+    if args["--config"] is None:
+        print(
+            "error: --random plays the environment of a config: add --config=<path>, e.g. configs/frostbite.yaml",
+            file=sys.stderr,
+        )
+        return 2
+    unused = [flag for flag in ("--record", "--attention", "--deterministic") if args[flag]]
+    if unused or args["--model"] != DEFAULT_MODEL:
+        print(f"error: --random plays without a model: leave out {', '.join(unused) or '--model'}", file=sys.stderr)
+        return 2
+    try:
+        path = shipped_path(args["--config"])
+        config = load_config(path, parse_overrides(args["--set"]))
+        results = random_play(config.environment, episodes, seed)
+    except (ConfigError, OSError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    summary = report(results, seed)
+    if args["--json"]:
+        print(json.dumps({"random": path, "episodes": episodes, "seed": seed, "summary": summary}))
     return 0
 
 

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 import observations
+from action_spec import ActionSpec
 from aggregation import bootstrap_ci, interquartile_mean, mean
 from config import Config
 from env_group import lanes_of, reset_lanes, step_lanes
@@ -77,6 +78,32 @@ def evaluate(
                 step += 1
                 if on_step is not None:
                     on_step(env, step, weights)
+            results.extend({key: float(value) for key, value in lane.items()} for lane in ended)
+    finally:
+        env.close()
+    return results
+
+
+def random_play(env_config: dict, episodes: int, seed: int = 0) -> list[dict[str, float]]:
+    """The chance level of a task: ``episodes`` episodes on the evaluation seeds ``evaluate`` uses, played with
+    uniformly random actions (each entry of a Discrete or MultiDiscrete action uniform over its values, each entry of
+    a continuous one uniform within its bounds; every agent of a multi-agent environment alike). Returns each
+    episode's ``info["episode"]`` metrics (one per agent), as ``evaluate``."""
+    env = create_env(env_config, evaluation=True)
+    lanes = lanes_of(env)
+    spec = ActionSpec.of(env.action_space)
+    rng = np.random.default_rng(episode_seed(seed, 0, 0, evaluation=True))
+    results = []
+    try:
+        for episode in range(episodes):
+            reset_lanes(env, episode_seed(seed, 0, episode, evaluation=True))
+            ended = []
+            while not ended:
+                if spec.continuous:
+                    actions = rng.uniform(spec.low, spec.high, size=(lanes, spec.width))
+                else:
+                    actions = rng.integers(0, spec.counts, size=(lanes, spec.width))
+                _, _, _, _, ended = step_lanes(env, list(actions))
             results.extend({key: float(value) for key, value in lane.items()} for lane in ended)
     finally:
         env.close()

@@ -8,6 +8,7 @@ only records how it was built, so they take milliseconds; two run a real (tiny) 
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import shutil
 import sys
@@ -362,3 +363,35 @@ def test_tiny_run_from_another_folder_end_to_end(
 def test_gitignore_ignores_virtual_environments() -> None:
     lines = [line.strip() for line in open(os.path.join(ROOT, ".gitignore"))]
     assert ".venv/" in lines
+
+
+# 6. enjoy.py --random: the chance level of a config's environment, on the evaluation seeds.
+
+
+def random_summary(capsys: pytest.CaptureFixture, *argv: str) -> dict:
+    """enjoy.py --random's --json summary."""
+    assert enjoy.main(["--random", "--config=configs/poc_memory_env.yaml", "--episodes=30", "--json", *argv]) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])["summary"]
+
+
+def test_random_play_repeats_with_its_seed_and_does_not_solve_the_task(capsys: pytest.CaptureFixture) -> None:
+    first, again, other = random_summary(capsys), random_summary(capsys), random_summary(capsys, "--seed=1")
+    assert first == again and first != other
+    assert first["success"]["episodes"] == 30
+    # A random walk reaches the end the cue points to at most half the time (which end is rewarded is a coin flip).
+    assert 0 < first["success"]["mean"] <= 0.6 and first["reward"]["mean"] < 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--random"], "add --config=<path>"),
+        (["--random", "--config=configs/poc_memory_env.yaml", "--deterministic"], "leave out --deterministic"),
+        (["--random", "--config=configs/poc_memory_env.yaml", "--model=models/poc.nn"], "leave out --model"),
+        (["--config=configs/poc_memory_env.yaml"], "--config goes with --random"),
+        (["--random", "--config=configs/poc_memory_env.yaml", "--set", "gamma=2"], "gamma"),
+    ],
+)
+def test_random_play_refuses_what_it_cannot_use(argv: list[str], message: str, capsys: pytest.CaptureFixture) -> None:
+    assert enjoy.main([*argv, "--no-render"]) == 2
+    assert message in capsys.readouterr().err

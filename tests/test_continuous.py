@@ -19,7 +19,7 @@ from conftest import (
 
 from action_spec import ActionSpec
 from buffer import Buffer
-from env_group import to_env_action
+from env_group import step_lanes, to_env_action
 from heads import DiagonalGaussian, make_policy_head
 from model import ActorCriticModel
 from ppo import PPOLearner
@@ -161,3 +161,19 @@ def test_continuous_proof_of_memory_task_is_learned(tmp_path: str) -> None:
     trainer = PPOTrainer(config, "continuous", torch.device("cpu"), 0, models_dir=str(tmp_path), summaries_dir=str(tmp_path))
     means = trainer.run(log_every=10)
     assert means["success"] >= 0.9, means
+
+
+def test_random_play_draws_continuous_actions_within_the_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    import evaluation
+
+    played = []
+
+    def recording(env: object, actions: list) -> tuple:
+        played.extend(actions)
+        return step_lanes(env, actions)
+
+    monkeypatch.setattr(evaluation, "step_lanes", recording)
+    results = evaluation.random_play(dict(POC_CONTINUOUS), episodes=4)
+    actions = np.stack(played)
+    assert len(results) == 4 and actions.shape == (len(played), 1)
+    assert actions.min() >= -1 and actions.max() <= 1 and actions.std() > 0.4  # uniform on [-1, 1]: std 0.58

@@ -194,3 +194,10 @@ def test_multi_agent_recall_needs_and_learns_memory(tmp_path: str, memory: str, 
     trainer = PPOTrainer(config, memory, torch.device("cpu"), 0, models_dir=str(tmp_path), summaries_dir=str(tmp_path))
     means = trainer.run(log_every=10)
     assert low <= means["success"] <= high, means
+
+
+def test_random_play_reports_every_agent_of_every_episode() -> None:
+    from evaluation import random_play
+
+    results = random_play(RECALL, episodes=3)
+    assert len(results) == 3 * RECALL["kwargs"]["agents"] and all("reward" in result for result in results)
