@@ -78,7 +78,6 @@ class Config:
     normalize_advantages: bool
     value_loss_coefficient: float
     reconstruction_coefficient: float
-    bounds_loss_coefficient: float
     hidden_layer_size: int
     max_grad_norm: float
     adam_epsilon: float
@@ -193,13 +192,6 @@ SCHEMA: dict[str, tuple] = {
         _NON_NEGATIVE,
         "weight of the observation-reconstruction loss (0 = off): a decoder reconstructs each step's observation from "
         "the memory's output",
-    ),
-    "bounds_loss_coefficient": (
-        float,
-        0.0,
-        _NON_NEGATIVE,
-        "weight of a penalty on Gaussian policy means beyond the action bounds (continuous actions only; 0 = off): "
-        "the squared distance beyond the bounds, in half-widths of the bounds",
     ),
     "hidden_layer_size": (int, 384, _POSITIVE, "width of the policy and value hidden layers"),
     "max_grad_norm": (float, 0.5, _POSITIVE, "gradient norm clip"),

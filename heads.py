@@ -110,35 +110,21 @@ class DiagonalGaussian:
         """Summed entropy (...) of the entries."""
         return (self.log_std + 0.5 * (1 + math.log(2 * math.pi))).sum(-1)
 
-    def beyond_bounds(self, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
-        """How far the means lie outside the action bounds ``low``..``high`` (A,), in half-widths of the bounds,
-        squared and summed over the entries (...): 0 for means inside."""
-        center, half = (high + low) / 2, (high - low) / 2
-        return torch.relu((self.mean - center).abs() / half - 1).square().sum(-1)
-
 
 class GaussianPolicy(nn.Module):
     """Linear(D, hidden) + ReLU, then the mean of each action entry (gain 0.01 and a zero bias, as CleanRL's continuous
     PPO: the first means are close to 0), with a learned log standard deviation per entry that does not depend on the
-    state (starting at 0: std 1). Keeps the action bounds (not saved: they come from the action space) for
-    ``bounds_loss``."""
+    state (starting at 0: std 1)."""
 
-    def __init__(self, in_dim: int, hidden: int, low: tuple[float, ...], high: tuple[float, ...]) -> None:
+    def __init__(self, in_dim: int, hidden: int, width: int) -> None:
         super().__init__()
-        width = len(low)
         self.hidden = orthogonal(nn.Linear(in_dim, hidden), np.sqrt(2))
         self.mean = orthogonal(nn.Linear(hidden, width), 0.01)
         nn.init.zeros_(self.mean.bias)
         self.log_std = nn.Parameter(torch.zeros(width))
-        self.register_buffer("low", torch.tensor(low, dtype=torch.float32), persistent=False)
-        self.register_buffer("high", torch.tensor(high, dtype=torch.float32), persistent=False)
 
     def forward(self, h: torch.Tensor) -> DiagonalGaussian:
         return DiagonalGaussian(self.mean(torch.relu(self.hidden(h))), self.log_std)
-
-    def bounds_loss(self, policy: DiagonalGaussian) -> torch.Tensor:
-        """Per step (...): how far ``policy``'s means lie beyond the action bounds (``DiagonalGaussian.beyond_bounds``)."""
-        return policy.beyond_bounds(self.low, self.high)
 
 
 class CategoricalPolicy(nn.Module):
@@ -172,7 +158,7 @@ def make_policy_head(actions: ActionSpec | list[int], in_dim: int, hidden: int) 
     """The policy head for an action space (an ``ActionSpec``, or per-dimension action counts: Discrete [n])."""
     spec = ActionSpec.coerce(actions)
     if spec.continuous:
-        return GaussianPolicy(in_dim, hidden, spec.low, spec.high)
+        return GaussianPolicy(in_dim, hidden, spec.width)
     if not spec.counts or any(n < 1 for n in spec.counts):
         raise ValueError(f"action counts {list(spec.counts)!r}: a Discrete or MultiDiscrete space needs counts >= 1")
     return CategoricalPolicy(in_dim, hidden, list(spec.counts))

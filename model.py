@@ -60,11 +60,6 @@ class ActorCriticModel(nn.Module):
         self.observation_shape = observations.normalize_shape(observation_shape)
         self.actions = ActionSpec.coerce(actions)
         self.action_dims = list(self.actions.counts)  # Discrete / MultiDiscrete; empty for continuous actions
-        if config.bounds_loss_coefficient > 0 and not self.actions.continuous:
-            raise ValueError(
-                f"bounds_loss_coefficient ({config.bounds_loss_coefficient}) penalises Gaussian means beyond the bounds "
-                f"of continuous actions, and this environment has discrete actions {self.actions}: set it to 0"
-            )
         self.encoder = make_encoder(self.observation_shape, memory_input_dim(config))
         self.memory = make_memory(config, self.encoder.output_dim, memory_path)
         dim = self.memory.output_dim

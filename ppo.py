@@ -113,15 +113,6 @@ def reconstruction_loss(model: ActorCriticModel, out: PolicyOutput, minibatch: M
     return model.decoder.loss(model.decoder(features), obs)
 
 
-def bounds_loss(model: ActorCriticModel, out: PolicyOutput, minibatch: Minibatch) -> torch.Tensor:
-    """The mean over a minibatch's real steps of how far the Gaussian policy's means lie beyond the action bounds
-    (squared, in half-widths of the bounds, summed over the action entries; 0 inside the bounds)."""
-    per_step = model.policy.bounds_loss(out.policy)
-    if minibatch.valid is not None:
-        per_step = per_step[minibatch.valid]
-    return per_step.mean()
-
-
 def forward_minibatch(model: ActorCriticModel, minibatch: Minibatch) -> PolicyOutput:
     """The model's output for a minibatch's (B, C) steps: chunks through ``forward``, single steps through
     ``forward_steps``."""
@@ -171,7 +162,6 @@ class PPOLearner:
         self.normalize = global_normalizer(ranks) if ranks.distributed else None
         self._reduce_buffer: torch.Tensor | None = None  # see sum_over_ranks
         self.stat_keys = STAT_KEYS + (("reconstruction_loss",) if config.reconstruction_coefficient > 0 else ())
-        self.stat_keys += ("bounds_loss",) if config.bounds_loss_coefficient > 0 else ()
         # The fused implementation is several times faster than the per-tensor loop, on the CPU too.
         self.optimizer = torch.optim.AdamW(
             model.parameters(), lr=config.learning_rate_schedule.initial, eps=config.adam_epsilon, fused=True
@@ -248,11 +238,6 @@ class PPOLearner:
             reconstruction = reconstruction_loss(self.model, out, minibatch)
             loss = loss + self.config.reconstruction_coefficient * reconstruction
             stats["reconstruction_loss"] = reconstruction.detach()
-            stats["total_loss"] = loss.detach()
-        if self.config.bounds_loss_coefficient > 0:
-            bounds = bounds_loss(self.model, out, minibatch)
-            loss = loss + self.config.bounds_loss_coefficient * bounds
-            stats["bounds_loss"] = bounds.detach()
             stats["total_loss"] = loss.detach()
         if not torch.isfinite(loss):
             raise NonFiniteError(f"the loss became {loss.item()} in update {update + 1}")

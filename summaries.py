@@ -16,7 +16,6 @@ LOSSES = {
     "entropy": "losses/entropy",
     "total_loss": "losses/total",
     "reconstruction_loss": "losses/reconstruction",  # with reconstruction_coefficient > 0
-    "bounds_loss": "losses/bounds",  # with bounds_loss_coefficient > 0
 }
 TRAINING = (
     "approx_kl", "clip_fraction", "explained_variance", "learning_rate", "entropy_coefficient", "clip_range",

@@ -22,7 +22,6 @@ from buffer import Buffer
 from env_group import step_lanes, to_env_action
 from heads import DiagonalGaussian, make_policy_head
 from model import ActorCriticModel
-from ppo import PPOLearner
 from trainer import PPOTrainer
 from worker import Workers
 
@@ -65,49 +64,6 @@ def test_gaussian_head_starts_near_zero_with_unit_std() -> None:
     assert dist.mean.shape == (5, 2) and dist.mean.abs().max() < 0.1
     assert dist.entropy().shape == (5,)
     torch.testing.assert_close(dist.entropy(), torch.full((5,), 2 * 0.5 * (1 + math.log(2 * math.pi))))
-
-
-def test_bounds_loss_is_the_squared_distance_beyond_the_bounds_in_half_widths() -> None:
-    head = make_policy_head(SPEC, 8, 16)  # bounds [-1, 1] and [-2, 0.5]: centres 0 and -0.75, half-widths 1 and 1.25
-    dist = DiagonalGaussian(torch.tensor([[0.5, -1.0], [3.0, -2.0], [-1.5, 1.75]]), torch.zeros(2))
-    # inside; 2 half-widths beyond the upper bound and on the lower one; 0.5 and 1 half-widths beyond
-    torch.testing.assert_close(head.bounds_loss(dist), torch.tensor([0.0, 4.0, 0.25 + 1.0]))
-    assert not any("low" in key or "high" in key for key in head.state_dict()), "model files keep their keys"
-
-
-@pytest.mark.parametrize("coefficient", [0.0, 1.0])
-def test_only_the_bounds_loss_pulls_means_back_inside_when_samples_carry_no_signal(coefficient: float) -> None:
-    # Means 4 beyond the bounds and advantages of 0 (as when every clipped sample acts alike): the PPO loss gives the
-    # means no gradient, the bounds loss moves them towards the bounds.
-    torch.manual_seed(0)
-    n, t = 3, 12
-    config = small_config(n_workers=n, worker_steps=t, sequence_length=4, n_mini_batch=3, bounds_loss_coefficient=coefficient)
-    model = ActorCriticModel(config, (4,), SPEC)
-    with torch.no_grad():
-        model.policy.mean.bias.copy_(torch.tensor([5.0, 4.5]))  # 4 half-widths beyond the upper bounds 1 and 0.5
-    cpu = torch.device("cpu")
-    buffer = Buffer(n, t, (4,), torch.float32, SPEC.width, model.memory.trace(n, t, cpu), cpu, torch.float32)
-    collect_random_rollout(model, buffer, lambda generator: torch.rand(n, 4, generator=generator))
-    assert buffer.advantages.abs().max() == 0
-    before = model.policy.mean.bias.detach().clone()
-    learner = PPOLearner(model, config, torch.Generator().manual_seed(0))
-    stats = learner.optimize(buffer, 0)
-    after = model.policy.mean.bias.detach()
-    moved = after - before
-    # A consistent gradient moves an entry by about the learning rate in each of the 3 AdamW steps; without one, only
-    # AdamW's weight decay shrinks it.
-    step, decay = config.learning_rate_schedule.initial, learner.optimizer.param_groups[0]["weight_decay"]
-    if coefficient == 0:
-        assert "bounds_loss" not in stats
-        torch.testing.assert_close(after, before * (1 - step * decay) ** 3)
-    else:
-        assert stats["bounds_loss"] > 2 * 3**2  # both entries about 3 half-widths beyond
-        assert (moved < -2 * step).all(), moved
-
-
-def test_bounds_loss_with_discrete_actions_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match=r"bounds_loss_coefficient \(0.1\) .* discrete actions \[3\]: set it to 0"):
-        ActorCriticModel(small_config(bounds_loss_coefficient=0.1), (4,), [3])
 
 
 def test_env_actions_are_clipped_to_the_box() -> None:
