@@ -49,10 +49,10 @@ import time
 
 import numpy as np
 import torch
-from docopt import docopt
 from torch.utils.flop_counter import FlopCounterMode
 
 import observations
+from cli import parse_args
 from config import MEMORY_TYPES, load_config, parse_overrides
 from memory import check_memory_path
 from model import ActorCriticModel
@@ -276,8 +276,8 @@ def print_row(name: str, r: dict) -> None:
           flush=True)  # fmt: skip
 
 
-def main() -> int:
-    args = docopt(__doc__)
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(__doc__, argv)
     device = torch.device("cuda" if torch.cuda.is_available() and not args["--cpu"] else "cpu")
     if args["--child"]:
         overrides = json.loads(args["--overrides"])

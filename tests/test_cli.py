@@ -17,6 +17,7 @@ import pytest
 import torch
 from conftest import small_config
 
+import benchmark
 import cli
 import enjoy
 import train
@@ -122,12 +123,13 @@ def test_overwrite_starts_the_run_over(tmp_path: str, monkeypatch: pytest.Monkey
         ("train", "--confg=configs/poc_memory_env.yaml", "--config"),
         ("train", "--run_id=x", "--run-id"),
         ("enjoy", "--modle=models/poc.nn", "--model"),
+        ("benchmark", "--confg=configs/poc_memory_env.yaml", "--config"),
     ],
 )
 def test_misspelt_flag_is_named_with_the_closest_flag(
     script: str, argument: str, suggestion: str, capsys: pytest.CaptureFixture, fake_trainer: list
 ) -> None:
-    module = {"train": train, "enjoy": enjoy}[script]
+    module = {"train": train, "enjoy": enjoy, "benchmark": benchmark}[script]
     with pytest.raises(SystemExit) as exit_info:
         module.main([argument, "--cpu"])
     assert exit_info.value.code == 2
