@@ -76,6 +76,7 @@ class Config:
     minibatch_sampling: str
     sequence_length: int
     normalize_advantages: bool
+    clipped_log_prob: bool
     value_loss_coefficient: float
     reconstruction_coefficient: float
     hidden_layer_size: int
@@ -184,6 +185,13 @@ SCHEMA: dict[str, tuple] = {
         None,
         "normalise the advantages over each minibatch (mean 0, std 1) as the reference does; false uses them as GAE "
         "gives them",
+    ),
+    "clipped_log_prob": (
+        bool,
+        False,
+        None,
+        "continuous actions: the log-probability of a sample beyond a bound is that of the whole tail beyond it (the "
+        "clipped action the environment executes), not the sample's density; no effect on discrete actions",
     ),
     "value_loss_coefficient": (float, 0.25, _NON_NEGATIVE, "weight of the value loss"),
     "reconstruction_coefficient": (

@@ -84,12 +84,22 @@ class MultiCategorical:
 
 class DiagonalGaussian:
     """Independent normal distributions per action entry; actions are (..., A) float tensors, log-probabilities and
-    entropies summed over the entries."""
+    entropies summed over the entries.
 
-    def __init__(self, mean: torch.Tensor, log_std: torch.Tensor) -> None:
-        """``mean`` (..., A); ``log_std`` (A,), the same for every state."""
+    With ``bounds`` (low, high), each (A,), the log-probability is that of the action the environment executes after
+    clipping (Fujita and Maeda 2018, "Clipped Action Policy Gradient"): a sample at or beyond a bound gets the log of
+    the normal's whole tail beyond it, one value for all of them, instead of its density. Then a mean that runs
+    beyond a bound gains nothing (the tail's probability tends to 1 and its gradient to 0, as a saturated softmax),
+    where the density of an unclipped sample keeps rewarding it. Without ``bounds``: the density of the sample.
+    """
+
+    def __init__(
+        self, mean: torch.Tensor, log_std: torch.Tensor, bounds: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> None:
+        """``mean`` (..., A); ``log_std`` (A,), the same for every state; ``bounds`` see the class."""
         self.mean = mean
         self.log_std = log_std.expand_as(mean)
+        self.bounds = bounds
 
     def sample(
         self, deterministic: bool = False, generator: torch.Generator | None = None, rows: Rows | None = None
@@ -104,7 +114,14 @@ class DiagonalGaussian:
     def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
         """Joint log-density (...) of actions (..., A)."""
         z = (actions - self.mean) * torch.exp(-self.log_std)
-        return (-0.5 * z.square() - self.log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        density = -0.5 * z.square() - self.log_std - 0.5 * math.log(2 * math.pi)
+        if self.bounds is None:
+            return density.sum(-1)
+        low, high = self.bounds
+        below = torch.special.log_ndtr((low - self.mean) * torch.exp(-self.log_std))  # log P(sample <= low)
+        above = torch.special.log_ndtr((self.mean - high) * torch.exp(-self.log_std))  # log P(sample >= high)
+        log_prob = torch.where(actions <= low, below, torch.where(actions >= high, above, density))
+        return log_prob.sum(-1)
 
     def entropy(self) -> torch.Tensor:
         """Summed entropy (...) of the entries."""
@@ -114,17 +131,26 @@ class DiagonalGaussian:
 class GaussianPolicy(nn.Module):
     """Linear(D, hidden) + ReLU, then the mean of each action entry (gain 0.01 and a zero bias, as CleanRL's continuous
     PPO: the first means are close to 0), with a learned log standard deviation per entry that does not depend on the
-    state (starting at 0: std 1)."""
+    state (starting at 0: std 1). With ``bounds`` (low, high), the log-probabilities of clipped actions (see
+    ``DiagonalGaussian``)."""
 
-    def __init__(self, in_dim: int, hidden: int, width: int) -> None:
+    def __init__(
+        self, in_dim: int, hidden: int, width: int, bounds: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+    ) -> None:
         super().__init__()
         self.hidden = orthogonal(nn.Linear(in_dim, hidden), np.sqrt(2))
         self.mean = orthogonal(nn.Linear(hidden, width), 0.01)
         nn.init.zeros_(self.mean.bias)
         self.log_std = nn.Parameter(torch.zeros(width))
+        self.clipped = bounds is not None
+        # Buffers, so that they follow the model's device; not saved (they come from the action space).
+        low, high = bounds if bounds is not None else ((), ())
+        self.register_buffer("low", torch.tensor(low, dtype=torch.float32), persistent=False)
+        self.register_buffer("high", torch.tensor(high, dtype=torch.float32), persistent=False)
 
     def forward(self, h: torch.Tensor) -> DiagonalGaussian:
-        return DiagonalGaussian(self.mean(torch.relu(self.hidden(h))), self.log_std)
+        bounds = (self.low, self.high) if self.clipped else None
+        return DiagonalGaussian(self.mean(torch.relu(self.hidden(h))), self.log_std, bounds)
 
 
 class CategoricalPolicy(nn.Module):
@@ -154,11 +180,12 @@ class ValueHead(nn.Module):
         return self.out(torch.relu(self.hidden(h))).squeeze(-1)
 
 
-def make_policy_head(actions: ActionSpec | list[int], in_dim: int, hidden: int) -> nn.Module:
-    """The policy head for an action space (an ``ActionSpec``, or per-dimension action counts: Discrete [n])."""
+def make_policy_head(actions: ActionSpec | list[int], in_dim: int, hidden: int, clipped_log_prob: bool = False) -> nn.Module:
+    """The policy head for an action space (an ``ActionSpec``, or per-dimension action counts: Discrete [n]);
+    ``clipped_log_prob``: continuous actions' log-probabilities of the clipped action (``DiagonalGaussian``)."""
     spec = ActionSpec.coerce(actions)
     if spec.continuous:
-        return GaussianPolicy(in_dim, hidden, spec.width)
+        return GaussianPolicy(in_dim, hidden, spec.width, (spec.low, spec.high) if clipped_log_prob else None)
     if not spec.counts or any(n < 1 for n in spec.counts):
         raise ValueError(f"action counts {list(spec.counts)!r}: a Discrete or MultiDiscrete space needs counts >= 1")
     return CategoricalPolicy(in_dim, hidden, list(spec.counts))

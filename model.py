@@ -63,7 +63,7 @@ class ActorCriticModel(nn.Module):
         self.encoder = make_encoder(self.observation_shape, memory_input_dim(config))
         self.memory = make_memory(config, self.encoder.output_dim, memory_path)
         dim = self.memory.output_dim
-        self.policy = make_policy_head(self.actions, dim, config.hidden_layer_size)
+        self.policy = make_policy_head(self.actions, dim, config.hidden_layer_size, config.clipped_log_prob)
         self.value = ValueHead(dim, config.hidden_layer_size)
         # Observation reconstruction (Memory Gym paper; CleanRL's reconstruction_coef): only built when it is trained.
         self.decoder = make_decoder(self.observation_shape, dim) if config.reconstruction_coefficient > 0 else None

@@ -133,3 +133,46 @@ def test_random_play_draws_continuous_actions_within_the_bounds(monkeypatch: pyt
     actions = np.stack(played)
     assert len(results) == 4 and actions.shape == (len(played), 1)
     assert actions.min() >= -1 and actions.max() <= 1 and actions.std() > 0.4  # uniform on [-1, 1]: std 0.58
+
+
+def test_clipped_log_prob_is_the_tail_beyond_a_bound() -> None:
+    mean, log_std = torch.tensor([[0.5, -2.0]]), torch.tensor([0.0, math.log(0.5)])
+    low, high = torch.tensor([-1.0, -1.0]), torch.tensor([1.0, 1.0])
+    clipped, plain = DiagonalGaussian(mean, log_std, (low, high)), DiagonalGaussian(mean, log_std)
+    normal = torch.distributions.Normal(mean[0].double(), log_std.exp().double())  # float64: tails of 6 std
+    inside = torch.tensor([[0.2, -0.5]])
+    torch.testing.assert_close(clipped.log_prob(inside), plain.log_prob(inside))
+    # At or beyond a bound every sample is the same action: the log of the tail's probability, however far it is.
+    below, above = normal.cdf(low.double()).float(), (1 - normal.cdf(high.double())).float()
+    for beyond in ([1.0, -1.0], [3.0, -7.0]):
+        expected = torch.log(above[0]) + torch.log(below[1])
+        torch.testing.assert_close(clipped.log_prob(torch.tensor([beyond])), expected.view(1))
+    torch.testing.assert_close(
+        clipped.log_prob(torch.tensor([[-4.0, 2.0]])), (torch.log(below[0]) + torch.log(above[1])).view(1)
+    )
+    # What the environment executes has probability 1 in all: both tails plus the density inside the bounds.
+    grid = torch.linspace(-1, 1, 20001)
+    density = torch.stack(
+        [DiagonalGaussian(mean[:, e : e + 1], log_std[e : e + 1]).log_prob(grid.view(-1, 1)) for e in range(2)], -1
+    )
+    inside_mass = torch.trapezoid(density.exp(), grid, dim=0)
+    torch.testing.assert_close(inside_mass + below + above, torch.ones(2), atol=1e-5, rtol=0)
+
+
+def test_clipped_log_prob_stops_rewarding_a_mean_beyond_the_bound() -> None:
+    # A mean already at 3 (bound 1): a sample beyond the bound pulls the mean further with the density, but hardly
+    # with the clipped log-probability (its gradient vanishes as the tail's probability tends to 1).
+    bounds = (torch.tensor([-1.0]), torch.tensor([1.0]))
+    for clip, vanishes in ((None, False), (bounds, True)):
+        mean = torch.tensor([[3.0]], requires_grad=True)
+        DiagonalGaussian(mean, torch.zeros(1), clip).log_prob(torch.tensor([[4.0]])).sum().backward()
+        assert (abs(mean.grad.item()) < 0.1) == vanishes, (clip, mean.grad)
+
+
+def test_clipped_log_prob_reaches_the_head_from_the_action_space() -> None:
+    head = make_policy_head(SPEC, 8, 16, clipped_log_prob=True)
+    dist = head(torch.randn(3, 8))
+    torch.testing.assert_close(dist.bounds[0], torch.tensor(SPEC.low))
+    torch.testing.assert_close(dist.bounds[1], torch.tensor(SPEC.high))
+    assert make_policy_head(SPEC, 8, 16)(torch.randn(3, 8)).bounds is None
+    assert set(head.state_dict()) == set(make_policy_head(SPEC, 8, 16).state_dict())  # the same model files
