@@ -112,14 +112,14 @@ class DiagonalGaussian:
         return self.mean + self.log_std.exp() * z
 
     def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
-        """Joint log-density (...) of actions (..., A)."""
-        z = (actions - self.mean) * torch.exp(-self.log_std)
-        density = -0.5 * z.square() - self.log_std - 0.5 * math.log(2 * math.pi)
+        """Joint log-probability (...) of actions (..., A): summed densities, or with ``bounds`` see the class."""
+        inv_std = torch.exp(-self.log_std)
+        density = -0.5 * ((actions - self.mean) * inv_std).square() - self.log_std - 0.5 * math.log(2 * math.pi)
         if self.bounds is None:
             return density.sum(-1)
         low, high = self.bounds
-        below = torch.special.log_ndtr((low - self.mean) * torch.exp(-self.log_std))  # log P(sample <= low)
-        above = torch.special.log_ndtr((self.mean - high) * torch.exp(-self.log_std))  # log P(sample >= high)
+        below = torch.special.log_ndtr((low - self.mean) * inv_std)  # log P(sample <= low)
+        above = torch.special.log_ndtr((self.mean - high) * inv_std)  # log P(sample >= high)
         log_prob = torch.where(actions <= low, below, torch.where(actions >= high, above, density))
         return log_prob.sum(-1)
 
@@ -143,10 +143,10 @@ class GaussianPolicy(nn.Module):
         nn.init.zeros_(self.mean.bias)
         self.log_std = nn.Parameter(torch.zeros(width))
         self.clipped = bounds is not None
-        # Buffers, so that they follow the model's device; not saved (they come from the action space).
-        low, high = bounds if bounds is not None else ((), ())
-        self.register_buffer("low", torch.tensor(low, dtype=torch.float32), persistent=False)
-        self.register_buffer("high", torch.tensor(high, dtype=torch.float32), persistent=False)
+        if self.clipped:
+            # Buffers, so that they follow the model's device; not saved (they come from the action space).
+            self.register_buffer("low", torch.tensor(bounds[0], dtype=torch.float32), persistent=False)
+            self.register_buffer("high", torch.tensor(bounds[1], dtype=torch.float32), persistent=False)
 
     def forward(self, h: torch.Tensor) -> DiagonalGaussian:
         bounds = (self.low, self.high) if self.clipped else None
