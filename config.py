@@ -51,6 +51,7 @@ class TransformerConfig:
     gtrxl: bool
     gtrxl_bias: float
     memory_gradients: bool
+    query_position: bool
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,13 @@ TRANSFORMER_SCHEMA: dict[str, tuple] = {
         None,
         "training only: the memory tokens of steps inside a minibatch chunk are recomputed with gradient, as in "
         "Transformer-XL, instead of taken from the rollout without gradient; needs the fast memory path",
+    ),
+    "query_position": (
+        bool,
+        False,
+        None,
+        "also add the positional encoding of the current step to each block's attention query (the reference adds it to "
+        "the memory only), so attention can tell how long ago a memory token was written; needs a positional_encoding",
     ),
 }
 
@@ -330,6 +338,11 @@ def validate_config(raw: Any) -> Config:
         raise ConfigError(
             f"'transformer.embed_dim' ({transformer.embed_dim}) must be even for positional_encoding "
             f"'{transformer.positional_encoding}' (sine and cosine halves, also past the learned table): use an even embed_dim"
+        )
+    if transformer.query_position and not transformer.positional_encoding:
+        raise ConfigError(
+            "'transformer.query_position' is true but 'transformer.positional_encoding' is empty: the query gets the "
+            "encoding the memory gets, so choose one (relative or learned) or set query_position false"
         )
     n, t, m = values["n_workers"], values["worker_steps"], values["n_mini_batch"]
     if (n * t) % m != 0:

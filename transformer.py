@@ -162,10 +162,21 @@ class TransformerBlock(nn.Module):
         return self.gates[index](x, y) if self.gates is not None else x + y
 
     def forward(
-        self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask, return_weights: bool = False
+        self,
+        x: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: AttentionMask,
+        return_weights: bool = False,
+        query_position: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One block on the query tokens ``x`` (B, Q, D); returns (B, Q, D) and optional weights (B, H, Q, S)."""
-        query = self.norm_attention(x) if self.layer_norm == "pre" else x
+        """One block on the query tokens ``x`` (B, Q, D); returns (B, Q, D) and optional weights (B, H, Q, S).
+
+        ``query_position`` (B, Q, D), the encoding of the query's own episode step, is added to the attention query as
+        memory tokens get theirs, not to the residual stream.
+        """
+        query = x if query_position is None else x + query_position
+        query = self.norm_attention(query) if self.layer_norm == "pre" else query
         attended, weights = self.attention(query, k, v, mask, return_weights)
         h = self._join(0, x, attended)
         if self.layer_norm == "post":
@@ -230,7 +241,12 @@ class Transformer(nn.Module):
         return self.blocks[i].project_memory(memory)
 
     def forward(
-        self, h: torch.Tensor, keys_values: KeyValueSource, mask: torch.Tensor, return_weights: bool = False
+        self,
+        h: torch.Tensor,
+        keys_values: KeyValueSource,
+        mask: torch.Tensor,
+        return_weights: bool = False,
+        query_steps: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor] | None]:
         """Run the blocks: the one block loop of every path (rollout, training chunks, plain windows).
 
@@ -240,6 +256,7 @@ class Transformer(nn.Module):
                 for memories whose slots hold this very pass's block inputs (see TrXLMemory's memory_gradients).
             mask: (B, Q, S) True where a query may attend to a memory slot.
             return_weights: also return each block's attention weights.
+            query_steps: (B, Q) episode step of each query; used with ``query_position`` only.
 
         Returns:
             out (B, Q, D); tokens (B, Q, K, D), the block inputs, i.e. the new memory tokens of these steps;
@@ -250,10 +267,12 @@ class Transformer(nn.Module):
         tokens = []
         weights = [] if return_weights else None
         attention_mask = AttentionMask.build(mask)
+        query_positions = self.position_encoding(query_steps) if self.config.query_position else None  # (B, Q, K, D)
         for i, block in enumerate(self.blocks):
             tokens.append(h)
             k, v = source(i, h)
-            h, w = block(h, k, v, attention_mask, return_weights)
+            query_position = None if query_positions is None else query_positions[:, :, i]
+            h, w = block(h, k, v, attention_mask, return_weights, query_position)
             if return_weights:
                 weights.append(w)
         return h, torch.stack(tokens, dim=2), weights

@@ -202,6 +202,7 @@ class TrXLContext(NamedTuple):
     mask: torch.Tensor  # (B, C, S) which slots each step sees (band_mask, or window_mask for single steps)
     windows_visible: torch.Tensor  # (B, C, L) the same per step window (for the plain path)
     starts: torch.Tensor | None = None  # (B, Q) first slot of each single step's window; None for chunks (slot q)
+    query_steps: torch.Tensor | None = None  # (B, C) episode step of each query (for ``query_position``)
 
 
 class TrXLState(MemoryState):
@@ -280,6 +281,7 @@ class TrXLTrace(MemoryTrace):
             steps=layout.chunk_slots(self.steps, length)[workers, chunks],
             mask=layout.band_mask(keys, queries),
             windows_visible=layout.chunk_windows(keys) == queries.unsqueeze(2),  # (B, C, L)
+            query_steps=self.steps[:, layout.carried() :].reshape(len(self.steps), n_chunks, length)[workers, chunks],
         )
 
     def single_steps(self, workers: torch.Tensor, times: torch.Tensor) -> TrXLContext:
@@ -298,6 +300,7 @@ class TrXLTrace(MemoryTrace):
             mask=mask,
             windows_visible=self.layout.step_windows(episodes, times) == query_episodes.unsqueeze(2),  # (B, Q, L)
             starts=self.layout.window_start(times),
+            query_steps=self.steps[workers].gather(1, self.layout.trace_slot(times)),
         )
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -353,7 +356,7 @@ class TrXLMemory(Memory):
             span = self.layout.ring_span(steps)
             keys_values = [(k[rows, :, :span], v[rows, :, :span]) for k, v in state.keys_values]
             mask = mask[..., :span]
-        out, tokens, weights = self.transformer(h.unsqueeze(1), keys_values, mask, return_attention)
+        out, tokens, weights = self.transformer(h.unsqueeze(1), keys_values, mask, return_attention, steps.unsqueeze(1))
         return MemoryOutput(out[:, 0], TrXLRecord(tokens[:, 0], steps, state.episode_ids[rows]), weights)
 
     @torch.no_grad()
@@ -386,9 +389,10 @@ class TrXLMemory(Memory):
         Plain: every step's window is cut out and projected on its own. With ``memory_gradients``: see
         ``_chunk_source``."""
         if self.config.memory_gradients:
-            out, tokens, _ = self.transformer(h, self._chunk_source(context), context.mask)
+            out, tokens, _ = self.transformer(h, self._chunk_source(context), context.mask, query_steps=context.query_steps)
         elif self.path == "fast":
-            out, tokens, _ = self.transformer(h, self.transformer.project_memory(context.memory, context.steps), context.mask)
+            keys_values = self.transformer.project_memory(context.memory, context.steps)
+            out, tokens, _ = self.transformer(h, keys_values, context.mask, query_steps=context.query_steps)
         else:
             b, c = h.shape[:2]
             length = self.layout.length
@@ -396,7 +400,8 @@ class TrXLMemory(Memory):
             windows = windows.permute(0, 1, 4, 2, 3).reshape(b * c, length, *windows.shape[2:4])  # (B C, L, K, D)
             steps = self.layout.chunk_windows(context.steps).reshape(b * c, length)  # (B C, L)
             visible = context.windows_visible.reshape(b * c, length)  # (B C, L)
-            out = self.forward_windows(h.reshape(b * c, -1), windows, steps, visible)
+            query_steps = None if context.query_steps is None else context.query_steps.reshape(b * c)
+            out = self.forward_windows(h.reshape(b * c, -1), windows, steps, visible, query_steps=query_steps)
             return MemoryOutput(out.features.view(b, c, -1), out.record.view(b, c, *out.record.shape[1:]), None)
         return MemoryOutput(out, tokens, None)
 
@@ -411,7 +416,8 @@ class TrXLMemory(Memory):
                 "'transformer.memory_gradients' needs minibatches of consecutive steps: use minibatch_sampling chunks"
             )
         if self.path == "fast":
-            out, tokens, _ = self.transformer(h, self.transformer.project_memory(context.memory, context.steps), context.mask)
+            keys_values = self.transformer.project_memory(context.memory, context.steps)
+            out, tokens, _ = self.transformer(h, keys_values, context.mask, query_steps=context.query_steps)
             return MemoryOutput(out, tokens, None)
         b, q = h.shape[:2]
         length = self.layout.length
@@ -419,7 +425,8 @@ class TrXLMemory(Memory):
         windows = windows.permute(0, 1, 4, 2, 3).reshape(b * q, length, *windows.shape[2:4])  # (B Q, L, K, D)
         steps = self.layout.step_windows(context.steps, context.starts).reshape(b * q, length)  # (B Q, L)
         visible = context.windows_visible.reshape(b * q, length)  # (B Q, L)
-        out = self.forward_windows(h.reshape(b * q, -1), windows, steps, visible)
+        query_steps = None if context.query_steps is None else context.query_steps.reshape(b * q)
+        out = self.forward_windows(h.reshape(b * q, -1), windows, steps, visible, query_steps=query_steps)
         return MemoryOutput(out.features.view(b, q, -1), out.record.view(b, q, *out.record.shape[1:]), None)
 
     def _chunk_source(self, context: TrXLContext) -> KeyValueSource:
@@ -446,7 +453,13 @@ class TrXLMemory(Memory):
         return source
 
     def forward_windows(
-        self, h: torch.Tensor, memory: torch.Tensor, steps: torch.Tensor, visible: torch.Tensor, return_attention: bool = False
+        self,
+        h: torch.Tensor,
+        memory: torch.Tensor,
+        steps: torch.Tensor,
+        visible: torch.Tensor,
+        return_attention: bool = False,
+        query_steps: torch.Tensor | None = None,
     ) -> MemoryOutput:
         """The plain path, the executable specification: each step projects its own memory window.
 
@@ -455,9 +468,13 @@ class TrXLMemory(Memory):
             memory: (B, L, K, D) the row's memory window.
             steps: (B, L) episode step of each window slot.
             visible: (B, L) True for the slots of the same episode before this step.
+            query_steps: (B,) episode step of each row's own step (needed with ``query_position``).
         """
         keys_values = self.transformer.project_memory(memory, steps)
-        out, tokens, weights = self.transformer(h.unsqueeze(1), keys_values, visible.unsqueeze(1), return_attention)
+        query_steps = None if query_steps is None else query_steps.unsqueeze(1)
+        out, tokens, weights = self.transformer(
+            h.unsqueeze(1), keys_values, visible.unsqueeze(1), return_attention, query_steps
+        )
         return MemoryOutput(out[:, 0], tokens[:, 0], weights)
 
     def attention_over_steps(self, state: TrXLState, attention: list[torch.Tensor], row: int = 0) -> list[np.ndarray]:

@@ -24,12 +24,12 @@ N, T, L, OBS = 3, 12, 5, 4
 
 def make_model(
     positional_encoding: str, layer_norm: str, gtrxl: bool, path: str = "fast", memory_dtype: str = "float32",
-    memory_gradients: bool = False,
+    memory_gradients: bool = False, query_position: bool = False,
 ) -> ActorCriticModel:  # fmt: skip
     """The same weights for every path and option that does not add parameters."""
     torch.manual_seed(0)
     options = {"positional_encoding": positional_encoding, "layer_norm": layer_norm, "gtrxl": gtrxl, "gtrxl_bias": 1.0}
-    options.update(memory_length=L, memory_gradients=memory_gradients)
+    options.update(memory_length=L, memory_gradients=memory_gradients, query_position=query_position)
     config = small_config(options, n_workers=N, worker_steps=T, sequence_length=4, n_mini_batch=3, memory_dtype=memory_dtype)
     return ActorCriticModel(config, (OBS,), [3, 2], path)
 
@@ -159,3 +159,33 @@ def test_memory_gradients_same_outputs_and_gradients_reach_earlier_steps(
         assert torch.equal(reached, visible)
         assert visible.any(), "the data must have chunks whose last step sees earlier steps"
         torch.testing.assert_close(grads[True][:, -1], grads[False][:, -1], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("positional_encoding,layer_norm", itertools.product(["relative", "learned"], ["", "pre", "post"]))
+def test_query_position_paths_agree_and_change_the_output(positional_encoding: str, layer_norm: str) -> None:
+    # The query's own step reaches the rollout's cached path, the plain windows and both training paths alike.
+    models = {path: make_model(positional_encoding, layer_norm, True, path, query_position=True) for path in ("fast", "plain")}
+    torch.manual_seed(1)
+    buffer, fast = rollouts(models["fast"])
+    torch.manual_seed(1)
+    _, plain = rollouts(models["plain"])
+    for a, b in zip(fast, plain, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    for minibatch in buffer.minibatches(3, 4, torch.Generator().manual_seed(0)):
+        out, log_probs, _, _ = compare_paths(models, minibatch)
+        torch.testing.assert_close(out.value.detach(), minibatch.values, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(log_probs.detach(), minibatch.log_probs, rtol=1e-5, atol=1e-5)
+    # Same weights without the query's position: the same first steps (nothing visible), other values later.
+    torch.manual_seed(1)
+    _, without = rollouts(make_model(positional_encoding, layer_norm, True))
+    torch.testing.assert_close(fast[0], without[0])
+    assert not torch.allclose(torch.stack(fast[1:]), torch.stack(without[1:]))
+
+
+def test_query_position_with_memory_gradients_reproduces_the_rollout() -> None:
+    model = make_model("relative", "pre", False, memory_gradients=True, query_position=True)
+    buffer, _ = rollouts(model)
+    for minibatch in buffer.minibatches(3, 4, torch.Generator().manual_seed(0)):
+        with torch.no_grad():
+            out = model(minibatch.obs, minibatch.memory)
+        torch.testing.assert_close(out.value, minibatch.values, rtol=1e-5, atol=1e-5)

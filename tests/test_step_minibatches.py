@@ -32,9 +32,17 @@ def locate(buffer: Buffer, obs: torch.Tensor) -> tuple[int, int]:
     return int(matches[0, 0]), int(matches[0, 1])
 
 
-@pytest.mark.parametrize("positional_encoding,layer_norm,gtrxl", OPTIONS)
-def test_fast_path_equals_plain_and_reproduces_the_rollout(positional_encoding: str, layer_norm: str, gtrxl: bool) -> None:
-    models = {path: make_model(positional_encoding, layer_norm, gtrxl, path) for path in ("fast", "plain")}
+@pytest.mark.parametrize(
+    "positional_encoding,layer_norm,gtrxl,query_position",
+    [(*options, False) for options in OPTIONS] + [("relative", "pre", True, True), ("learned", "post", False, True)],
+)
+def test_fast_path_equals_plain_and_reproduces_the_rollout(
+    positional_encoding: str, layer_norm: str, gtrxl: bool, query_position: bool
+) -> None:
+    models = {
+        path: make_model(positional_encoding, layer_norm, gtrxl, path, query_position=query_position)
+        for path in ("fast", "plain")
+    }
     buffer, _ = rollouts(models["fast"])
     assert (buffer.trace.steps[:, L:] == 0).any(), "the data must contain episode starts inside the rollout"
     seen_carried = padded = False

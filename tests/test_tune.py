@@ -1,0 +1,129 @@
+"""tune.py: a tiny search end to end, an interrupted study continued, pruning, and search files answered with clear
+errors. Every train.py here takes a few seconds."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import optuna
+import pytest
+from docopt import docopt
+
+import tune
+from config import load_config
+from summaries import console_line
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SETS = ["n_workers=2", "worker_steps=16", "n_mini_batch=2", "sequence_length=8", "transformer.embed_dim=16",
+        "transformer.num_blocks=1", "hidden_layer_size=16", "transformer.memory_length=8",
+        "transformer.positional_encoding=relative"]  # fmt: skip
+SEARCH = (
+    "learning_rate_schedule.initial: {low: 1.0e-4, high: 1.0e-3, log: true}\n"
+    "transformer.query_position: {choices: [true, false]}\n"
+)
+
+
+def run_tune(folder: str, study: str, trials: int, updates: int = 2, search: str = SEARCH) -> subprocess.CompletedProcess:
+    with open(os.path.join(folder, "search.yaml"), "w") as file:
+        file.write(search)
+    command = [sys.executable, os.path.join(ROOT, "tune.py"), "--config=configs/poc_memory_env.yaml", "--search=search.yaml"]
+    command += [f"--study={study}", f"--trials={trials}", "--seeds=2", "--cpu", f"--set=updates={updates}"]
+    command += [f"--set={s}" for s in SETS]
+    return subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=300)
+
+
+def test_parse_line_reads_the_console_line() -> None:
+    stats = {"policy_loss": 0.1, "value_loss": 0.2, "entropy": 1.0, "approx_kl": 0.01, "kl_stop": 0}
+    with_success = console_line(3, 10, 96, 100.0, {"reward": 0.5, "length": 9.0, "success": 0.75}, stats)
+    assert tune.parse_line(with_success) == (3, 0.75)
+    assert tune.parse_line(console_line(4, 10, 128, 100.0, {"reward": -1.25, "length": 9.0}, stats)) == (4, -1.25)
+    assert tune.parse_line(console_line(5, 10, 160, 100.0, {}, stats)) == (5, None)
+    assert tune.parse_line("  evaluating 10 unseen episodes ... reward 0.3") is None
+
+
+def test_score_auc_and_final() -> None:
+    curve = [0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    assert tune.score(curve, "auc") == pytest.approx(5 / 8)
+    assert tune.score(curve, "final") == 1.0  # the last quarter, 2 updates
+
+
+def test_tiny_search_end_to_end(tmp_path: str) -> None:
+    result = run_tune(str(tmp_path), "tiny", trials=2)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["trials"]["complete"] == 2
+    folder = os.path.join(tmp_path, "results", "tune", "tiny")
+    for name in ("study.db", "best.yaml", "trials.md", "summary.json"):
+        assert os.path.isfile(os.path.join(folder, name)), name
+    best = load_config(os.path.join(folder, "best.yaml"))  # a standalone config
+    assert best.learning_rate_schedule.initial == pytest.approx(summary["best"]["params"]["learning_rate_schedule.initial"])
+    assert best.transformer.query_position == summary["best"]["params"]["transformer.query_position"]
+    assert best.updates == 2 and best.eval_interval == 0 and best.transformer.embed_dim == 16
+    table = open(os.path.join(folder, "trials.md")).read()
+    assert "| trial | score |" in table and table.count("\n| ") >= 3
+    # Both trials trained their two seeds for 2 updates through train.py.
+    for trial in (0, 1):
+        for seed in (0, 1):
+            log = open(os.path.join(tmp_path, "models", "tune", "tiny", f"trial-{trial}", f"seed-{seed}.log")).read()
+            assert "update    2/2" in log
+
+
+def test_interrupted_study_continues(tmp_path: str) -> None:
+    folder = os.path.join(tmp_path, "results", "tune", "again")
+    os.makedirs(folder)
+    study = optuna.create_study(study_name="again", storage=f"sqlite:///{folder}/study.db", direction="maximize")
+    distributions = {
+        "learning_rate_schedule.initial": optuna.distributions.FloatDistribution(1e-4, 1e-3, log=True),
+        "transformer.query_position": optuna.distributions.CategoricalDistribution([True, False]),
+    }
+    left = study.ask(distributions)  # a trial left running by a killed process
+    result = run_tune(str(tmp_path), "again", trials=1)
+    assert result.returncode == 0, result.stderr
+    assert "1 interrupted trial(s) queued again" in result.stdout
+    study = optuna.load_study(study_name="again", storage=f"sqlite:///{folder}/study.db")
+    states = [trial.state for trial in study.trials]
+    assert states == [optuna.trial.TrialState.FAIL, optuna.trial.TrialState.COMPLETE]
+    assert study.trials[1].params == left.params  # the interrupted trial's values, trained again
+
+
+def test_pruning_stops_the_seeds(tmp_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with open("search.yaml", "w") as file:
+        file.write(SEARCH)
+    argv = ["--config=configs/poc_memory_env.yaml", "--search=search.yaml", "--study=pruned", "--seeds=2", "--cpu"]
+    argv += ["--set=updates=20", *[f"--set={s}" for s in SETS]]
+    args = docopt(tune.__doc__, argv)
+    base = tune.apply_overrides(
+        tune.read_yaml(tune.config_path(args["--config"]), "config"), tune.parse_overrides(args["--set"])
+    )
+    settings = tune.Study(args, base, tune.load_search("search.yaml", base), tune.config_path(args["--config"]))
+    # A pruner no trial can satisfy (the metric never exceeds 10): stops the trial at its first report.
+    study = optuna.create_study(direction="maximize", pruner=optuna.pruners.ThresholdPruner(lower=10.0))
+    study.optimize(settings, n_trials=1)
+    assert study.trials[0].state == optuna.trial.TrialState.PRUNED
+    for seed in (0, 1):
+        log = open(os.path.join("models", "tune", "pruned", "trial-0", f"seed-{seed}.log")).read()
+        assert "update    1/20" in log and "update   20/20" not in log
+
+
+@pytest.mark.parametrize(
+    "search,expected",
+    [
+        ("transformer.memory_lenght: {low: 4, high: 16}\n", ["memory_lenght", "unknown key"]),
+        ("learning_rate_schedule.initial: {low: 1.0e-3, high: 1.0e-4}\n", ["low < high"]),
+        ("transformer.gtrxl: {choices: []}\n", ["non-empty list"]),
+        ("transformer.gtrxl: {values: [true]}\n", ["unknown field 'values'"]),
+        ("transformer.num_heads: {choices: [3]}\n", ["transformer.num_heads", "divisible"]),
+        ("- a list\n", ["must be a mapping"]),
+    ],
+)
+def test_bad_search_file_is_refused(tmp_path: str, search: str, expected: list[str]) -> None:
+    result = run_tune(str(tmp_path), "bad", trials=1, search=search)
+    assert result.returncode == 2
+    assert "error" in result.stderr and "search file" in result.stderr
+    for text in expected:
+        assert text in result.stderr
+    assert not os.path.exists(os.path.join(tmp_path, "results", "tune", "bad"))  # refused before any work

@@ -1,0 +1,437 @@
+"""Hyperparameter search with Optuna: every trial trains a config with some keys sampled, over a few seeds, through
+train.py itself, and is scored by a robust multi-seed score of its training curves.
+
+Usage:
+  tune.py [options] [--set=<key=value>]...
+  tune.py (-h | --help)
+
+Options:
+  --config=<path>      Base YAML config of every trial (required).
+  --search=<path>      Search file: the config keys to sample and their ranges or choices (required; see below).
+  --study=<id>         Name of the study: results/tune/<id>/ holds its SQLite database and its report (required).
+  --trials=<n>         Trials the study should hold; running the command again continues an interrupted study
+                       up to this many [default: 20].
+  --seeds=<k>          Seeds per trial, 0 .. k-1, the same for every trial [default: 2].
+  --jobs=<n>           Trials at a time; each seed gets max(1, cores // (jobs * seeds)) threads [default: 1].
+  --objective=<kind>   auc: the mean of the per-update metric over the whole run (fast and stable both count);
+                       final: its mean over the last quarter of the updates [default: auc].
+  --warmup=<fraction>  Share of the updates before the pruner may stop a trial [default: 0.25].
+  --set=<key=value>    Override a config key in every trial, as in train.py (repeatable).
+  --cpu                Train on the CPU even where CUDA is available.
+  -h --help            Show this help.
+
+A search file maps config keys (dotted, as --set writes them) to a range or a list of choices:
+
+  learning_rate_schedule.initial: {low: 1.0e-4, high: 1.0e-3, log: true}   # a float, sampled on a log scale
+  transformer.num_blocks: {low: 1, high: 4}                                 # an integer (both ends integers)
+  transformer.memory_gradients: {choices: [true, false]}
+
+The metric of an update is the success rate of its finished episodes where the task reports one, else their mean
+reward. A trial's score is the interquartile mean over its seeds of each seed's objective. TPE samples the keys;
+a median pruner stops a trial whose running score (the objective of the updates so far) falls below the median of
+earlier trials at the same update. Trials skip the periodic evaluations (eval_interval 0) unless --set says
+otherwise. Seed k of trial n trains as run tune/<id>/trial-n/seed-k (models/ and summaries/ as for train.py).
+
+At the end: results/tune/<id>/best.yaml (the base config with the best trial's values, a standalone config),
+trials.md (the best trials), importance.png (each key's importance for the score, by Optuna's default
+evaluator) and summary.json, whose content is also the last line printed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import warnings
+
+import numpy as np
+import optuna
+import yaml
+
+from aggregation import interquartile_mean
+from cli import ROOT, parse_args
+from config import ConfigError, apply_overrides, parse_overrides, validate_config
+from experiment import check_run_id, child_environment, cpu_cores, number
+from train import config_path
+
+TRAIN = os.path.join(ROOT, "train.py")
+TUNE_DIR = os.path.join("results", "tune")
+LINE = re.compile(r"^update\s+(\d+)/\d+\s")  # summaries.console_line
+METRIC = re.compile(r"\s(reward|success)\s+(-?[\d.]+)")
+STOP_SECONDS = 60  # how long a stopped seed may take to save before it is killed
+TOP_TRIALS = 10  # rows of trials.md
+STOPPING = threading.Event()  # set on Ctrl-C/SIGTERM: trials running in worker threads (--jobs > 1) stop their seeds
+
+
+class SearchError(ValueError):
+    """The search file is missing, malformed or names a key the config does not take."""
+
+
+def read_yaml(path: str, what: str) -> dict:
+    if not os.path.isfile(path):
+        raise SearchError(f"{what} '{path}' does not exist")
+    with open(path) as file:
+        try:
+            raw = yaml.safe_load(file)
+        except yaml.YAMLError as error:
+            raise SearchError(f"{what} '{path}' is not valid YAML: {error}") from None
+    if not isinstance(raw, dict) or not raw:
+        raise SearchError(
+            f"{what} '{path}' must be a mapping, e.g. 'learning_rate_schedule.initial: {{low: 1e-4, high: 1e-3}}'"
+        )
+    return raw
+
+
+def load_search(path: str, base: dict) -> dict[str, dict]:
+    """The search space of ``path``, checked: every spec is a range or a list of choices, and every value it can take
+    (both ends of a range, each choice) gives a valid config on top of ``base`` (the raw config with --set)."""
+    space = read_yaml(path, "search file")
+    for key, spec in space.items():
+        where = f"search file '{path}', key '{key}'"
+        if not isinstance(spec, dict) or not spec:
+            raise SearchError(f"{where}: give {{low: a, high: b}} (optionally log: true, step: s) or {{choices: [...]}}")
+        unknown = sorted(set(spec) - {"low", "high", "log", "step", "choices"})
+        if unknown:
+            raise SearchError(f"{where}: unknown field '{unknown[0]}' (use low, high, log, step or choices)")
+        if "choices" in spec:
+            if set(spec) != {"choices"} or not isinstance(spec["choices"], list) or not spec["choices"]:
+                raise SearchError(f"{where}: choices must be a non-empty list, alone, e.g. {{choices: [true, false]}}")
+            values = spec["choices"]
+        else:
+            low, high = spec.get("low"), spec.get("high")
+            numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (low, high))
+            if not numeric or not low < high:
+                raise SearchError(f"{where}: a range needs numbers low < high, got low {low!r}, high {high!r}")
+            if spec.get("log") and low <= 0:
+                raise SearchError(f"{where}: a log range needs low > 0, got {low!r}")
+            values = [low, high]
+        for value in values:
+            try:
+                validate_config(apply_overrides(base, {key: value}))
+            except ConfigError as error:
+                raise SearchError(f"{where}: the value {value!r} does not give a valid config: {error}") from None
+    return space
+
+
+def sample(trial: optuna.Trial, space: dict[str, dict]) -> dict[str, object]:
+    """The trial's value of every searched key."""
+    values = {}
+    for key, spec in space.items():
+        if "choices" in spec:
+            values[key] = trial.suggest_categorical(key, spec["choices"])
+        elif all(isinstance(spec[end], int) for end in ("low", "high")):
+            values[key] = trial.suggest_int(
+                key, spec["low"], spec["high"], step=spec.get("step", 1), log=spec.get("log", False)
+            )
+        else:
+            values[key] = trial.suggest_float(
+                key, spec["low"], spec["high"], step=spec.get("step"), log=spec.get("log", False)
+            )
+    return values
+
+
+def parse_line(line: str) -> tuple[int, float | None] | None:
+    """(update, metric) of a train.py console line: the success rate, else the mean reward, None where no episode
+    ended; None for other lines."""
+    match = LINE.match(line.strip())
+    if not match:
+        return None
+    metrics = dict(METRIC.findall(line))
+    metric = metrics.get("success", metrics.get("reward"))
+    return int(match.group(1)), None if metric is None else float(metric)
+
+
+def score(curve: list[float], objective: str) -> float:
+    """A seed's objective from its per-update metric: the whole curve's mean (auc) or its last quarter's (final)."""
+    values = curve if objective == "auc" else curve[len(curve) - max(1, len(curve) // 4) :]
+    return float(np.mean(values)) if values else float("nan")
+
+
+class SeedRun:
+    """One seed of a trial: a train.py child whose console lines give the per-update metric."""
+
+    def __init__(self, arguments: list[str], threads: int, log_path: str) -> None:
+        os.makedirs(os.path.dirname(log_path), exist_ok=True)
+        self.curve: list[float] = []  # the metric of updates 1 .. len(curve) (the last known value where none ended)
+        self.tail = ""
+        self.log_path = log_path
+        self.process = subprocess.Popen(
+            arguments, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+            env=child_environment(threads), process_group=0,
+        )  # fmt: skip
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        with open(self.log_path, "w") as log:
+            for line in self.process.stdout:
+                log.write(line)
+                if line.strip():
+                    self.tail = line.strip()
+                parsed = parse_line(line)
+                if parsed is not None:
+                    metric = parsed[1] if parsed[1] is not None else (self.curve[-1] if self.curve else 0.0)
+                    self.curve.append(metric)
+
+    def stop(self) -> None:
+        """Ask the child to stop (it saves its checkpoint); kill it if it hangs."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout=STOP_SECONDS)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.reader.join(timeout=10)
+
+
+class Study:
+    """A study's files, settings and objective."""
+
+    def __init__(self, args: dict, base: dict, space: dict[str, dict], path: str) -> None:
+        self.id = args["--study"]
+        self.folder = os.path.join(TUNE_DIR, self.id)
+        self.path, self.base, self.space = path, base, space
+        self.sets = list(args["--set"])
+        self.seeds = number(args, "--seeds", int, 1)
+        self.jobs = number(args, "--jobs", int, 1)
+        self.trials = number(args, "--trials", int, 1)
+        self.warmup = number(args, "--warmup", float, 0)
+        self.objective = args["--objective"]
+        if self.objective not in ("auc", "final"):
+            raise ValueError(f"--objective must be auc or final, got '{self.objective}'")
+        self.cpu = bool(args["--cpu"])
+        self.updates = validate_config(base).updates
+        self.threads = max(1, cpu_cores() // (self.jobs * self.seeds))
+
+    def command(self, trial: int, seed: int, values: dict[str, object]) -> list[str]:
+        sets = [f"--set={key}={json.dumps(value)}" for key, value in values.items()]
+        return [
+            sys.executable, TRAIN, f"--config={self.path}", f"--run-id=tune/{self.id}/trial-{trial}/seed-{seed}",
+            f"--seed={seed}", "--overwrite", *[f"--set={s}" for s in self.sets], *sets, *(["--cpu"] if self.cpu else []),
+        ]  # fmt: skip
+
+    def __call__(self, trial: optuna.Trial) -> float:
+        """Train the trial's seeds side by side, report the running score after each update all of them finished, and
+        return the IQM over the seeds of their objective."""
+        values = sample(trial, self.space)
+        try:
+            validate_config(apply_overrides(self.base, values))
+        except ConfigError as error:  # a combination of values the config refuses (e.g. embed_dim vs num_heads)
+            trial.set_user_attr("error", str(error))
+            raise optuna.TrialPruned(f"config error: {error}") from None
+        logs = os.path.join("models", "tune", self.id, f"trial-{trial.number}")
+        runs = [
+            SeedRun(self.command(trial.number, k, values), self.threads, os.path.join(logs, f"seed-{k}.log"))
+            for k in range(self.seeds)
+        ]
+        print(f"trial {trial.number}: started {self.seeds} seeds: {json.dumps(values)}", flush=True)
+        started, reported = time.time(), 0
+        try:
+            while any(run.reader.is_alive() for run in runs) or min(len(run.curve) for run in runs) > reported:
+                time.sleep(0.2)
+                if STOPPING.is_set():  # the main thread was interrupted while this trial ran in a worker thread
+                    raise KeyboardInterrupt
+                done = min(len(run.curve) for run in runs)
+                if done > reported:
+                    reported = done
+                    trial.report(interquartile_mean([score(run.curve[:done], self.objective) for run in runs]), done)
+                    if done < self.updates and trial.should_prune():
+                        raise optuna.TrialPruned(f"pruned at update {done}")
+        except BaseException as error:
+            for run in runs:
+                run.stop()
+            if isinstance(error, optuna.TrialPruned):
+                print(f"trial {trial.number}: {error}", flush=True)
+            elif isinstance(error, KeyboardInterrupt):
+                trial.set_user_attr("interrupted", True)
+            raise
+        for run in runs:
+            run.process.wait()
+            run.reader.join(timeout=10)
+        failed = [(k, run) for k, run in enumerate(runs) if run.process.returncode != 0 or len(run.curve) < self.updates]
+        if failed:
+            k, run = failed[0]
+            raise RuntimeError(f"seed {k} failed (exit code {run.process.returncode}): {run.tail} (log {run.log_path})")
+        per_seed = [score(run.curve, self.objective) for run in runs]
+        trial.set_user_attr("per_seed", per_seed)
+        trial.set_user_attr("seconds", round(time.time() - started))
+        value = interquartile_mean(per_seed)
+        print(f"trial {trial.number}: {value:.4f} (seeds {', '.join(f'{v:.3f}' for v in per_seed)})", flush=True)
+        return value
+
+
+def requeue_unfinished(study: optuna.Study) -> int:
+    """Trials left running by a killed process, or interrupted, are failed and their values queued again (once)."""
+    count = 0
+    for trial in study.get_trials(deepcopy=False):
+        running = trial.state == optuna.trial.TrialState.RUNNING
+        interrupted = trial.state == optuna.trial.TrialState.FAIL and trial.user_attrs.get("interrupted")
+        if (running or interrupted) and not study.user_attrs.get(f"requeued-{trial.number}"):
+            if running:
+                study._storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
+            study.enqueue_trial(trial.params, skip_if_exists=False)
+            study.set_user_attr(f"requeued-{trial.number}", True)
+            count += 1
+    return count
+
+
+def counted(study: optuna.Study) -> int:
+    """Trials that count towards --trials: finished or pruned."""
+    states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    return len(study.get_trials(deepcopy=False, states=states))
+
+
+def report(study: optuna.Study, settings: Study) -> dict:
+    """Write best.yaml, trials.md, importance.png and summary.json; returns the summary."""
+    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    states = {state.name.lower(): 0 for state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED,
+                                                   optuna.trial.TrialState.FAIL)}  # fmt: skip
+    for trial in study.get_trials(deepcopy=False):
+        if trial.state.name.lower() in states:
+            states[trial.state.name.lower()] += 1
+    summary = {"study": settings.id, "config": settings.path, "sets": settings.sets, "objective": settings.objective,
+               "seeds": settings.seeds, "trials": states, "best": None}  # fmt: skip
+    if not complete:
+        return summary
+    best = max(complete, key=lambda trial: trial.value)
+    best_path = os.path.join(settings.folder, "best.yaml")
+    config = apply_overrides(settings.base, best.params)
+    with open(best_path, "w") as file:
+        file.write(
+            f"# Best trial ({best.number}) of study {settings.id}: score {best.value:.4f} ({settings.objective}, IQM over "
+            f"{settings.seeds} seeds), from {settings.path} with {', '.join(settings.sets) or 'no --set'}.\n"
+            f"# Searched: {', '.join(settings.space)}. Report: {settings.folder}/trials.md\n"
+        )
+        yaml.safe_dump(config, file, sort_keys=False)
+    rows = sorted(complete, key=lambda trial: trial.value, reverse=True)[:TOP_TRIALS]
+    lines = [
+        f"# Study {settings.id}: the best {len(rows)} of {len(complete)} finished trials",
+        "",
+        f"Objective: {settings.objective} of the per-update metric, IQM over seeds 0-{settings.seeds - 1}. Trials: {states}.",
+        "",
+        "| trial | score | per seed | minutes | " + " | ".join(settings.space) + " |",
+        "|---" * (4 + len(settings.space)) + "|",
+    ]
+    for trial in rows:
+        per_seed = ", ".join(f"{v:.3f}" for v in trial.user_attrs.get("per_seed", []))
+        params = " | ".join(shown(trial.params.get(key, "")) for key in settings.space)
+        lines.append(
+            f"| {trial.number} | {trial.value:.4f} | {per_seed} | {trial.user_attrs.get('seconds', 0) / 60:.1f} | {params} |"
+        )
+    with open(os.path.join(settings.folder, "trials.md"), "w") as file:
+        file.write("\n".join(lines) + "\n")
+    importances = importance_figure(study, os.path.join(settings.folder, "importance.png"))
+    summary["best"] = {"trial": best.number, "score": best.value, "params": best.params, "config": best_path}
+    summary["importance"] = importances
+    return summary
+
+
+def shown(value: object) -> str:
+    """A parameter value for a table: floats to 4 significant digits."""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def importance_figure(study: optuna.Study, path: str) -> dict[str, float] | None:
+    """Importance of each searched key for the score (Optuna's default evaluator), as a bar chart; None (and no figure)
+    while too few trials finished to tell."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "importances will be equal" with few trials: the figure says as much
+            importances = optuna.importance.get_param_importances(study)
+    except (RuntimeError, ValueError):
+        return None
+    if not importances or any(math.isnan(v) for v in importances.values()):
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(importances)[::-1]
+    figure, axes = plt.subplots(figsize=(6, 0.4 * len(names) + 1.2))
+    axes.barh(names, [importances[name] for name in names])
+    axes.set_xlabel("importance for the score")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return {name: round(float(value), 4) for name, value in importances.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run tune.py with the command-line arguments ``argv`` (default: sys.argv[1:]); returns the exit code."""
+    args = parse_args(__doc__, argv)
+    missing = [flag for flag in ("--config", "--search", "--study") if args[flag] is None]
+    if missing:
+        print(
+            f"error: {', '.join(missing)} missing: python tune.py --config=<path> --search=<path> --study=<id>",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        check_run_id(args["--study"])
+        path = config_path(args["--config"])
+        raw = read_yaml(path, "config file")
+        base = apply_overrides(raw, parse_overrides(list(args["--set"])))
+        if "eval_interval" not in parse_overrides(list(args["--set"])):
+            base["eval_interval"] = 0
+        validate_config(base)
+        space = load_search(args["--search"], base)
+        settings = Study(args, base, space, path)
+    except ConfigError as error:
+        print(f"config error: {error}", file=sys.stderr)
+        return 2
+    except ValueError as error:  # SearchError included
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    os.makedirs(settings.folder, exist_ok=True)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(
+        study_name=settings.id,
+        storage=f"sqlite:///{os.path.join(settings.folder, 'study.db')}",
+        load_if_exists=True,
+        direction="maximize",
+        pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=int(settings.warmup * settings.updates)),
+    )
+    # Seeded by the trials so far: a continued study draws new values, not the first invocation's again.
+    study.sampler = optuna.samplers.TPESampler(seed=len(study.get_trials(deepcopy=False)))
+    requeued = requeue_unfinished(study)
+    remaining = settings.trials - counted(study)
+    print(
+        f"study {settings.id}: {counted(study)} of {settings.trials} trials done"
+        f"{f', {requeued} interrupted trial(s) queued again' if requeued else ''}; {max(0, remaining)} to run, "
+        f"{settings.jobs} at a time, {settings.seeds} seeds each ({settings.threads} thread(s) per seed)",
+        flush=True,
+    )
+    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        if remaining > 0:
+            study.optimize(settings, n_trials=remaining, n_jobs=settings.jobs, catch=(RuntimeError,))
+    except KeyboardInterrupt:
+        STOPPING.set()
+        print("interrupted: run the same command again to continue the study", file=sys.stderr)
+        return 130
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    summary = report(study, settings)
+    with open(os.path.join(settings.folder, "summary.json"), "w") as file:
+        json.dump(summary, file, indent=1)
+    if summary["best"] is None:
+        print("no trial finished: see the trials' logs under models/tune/", file=sys.stderr)
+    print(json.dumps(summary))
+    return 0 if summary["best"] is not None else 1
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+if __name__ == "__main__":
+    sys.exit(main())
