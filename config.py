@@ -419,6 +419,17 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     return overrides
 
 
+def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
+    """A nested config as {"dotted.key": value}."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
 def apply_overrides(raw: dict, overrides: dict[str, Any]) -> dict:
     """A copy of ``raw`` with each dotted key of ``overrides`` set, e.g. "transformer.memory_length" sets one key of
     the transformer section and keeps the others, while "environment" replaces the whole section."""

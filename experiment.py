@@ -46,7 +46,7 @@ import torch
 from aggregation import falls_after_reaching, iqm_curve, steps_to_threshold, summarize_runs, summarize_steps
 from checkpoint import load_file, load_model
 from cli import ROOT, parse_args
-from config import ConfigError, load_config, parse_overrides, validate_config
+from config import ConfigError, flatten, load_config, parse_overrides, validate_config
 from evaluation import evaluate, summarize
 from plot import experiment_figure
 from train import config_path
@@ -135,17 +135,6 @@ def check_run_id(run_id: str) -> None:
     parts = os.path.normpath(run_id).split(os.sep) if run_id else []
     if not parts or os.path.isabs(run_id) or ".." in parts or parts == ["."]:
         raise ValueError(f"--run-id '{run_id}': give a relative name such as poc-5seeds (it becomes results/<id>/)")
-
-
-def flatten(config: dict, prefix: str = "") -> dict[str, object]:
-    """A nested config as {"dotted.key": value}."""
-    flat: dict[str, object] = {}
-    for key, value in config.items():
-        if isinstance(value, dict):
-            flat.update(flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def config_changes(saved: dict, wanted: dict) -> list[str]:

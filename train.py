@@ -32,7 +32,7 @@ import distributed
 from action_spec import ActionSpec
 from checkpoint import load_file, saved_actions
 from cli import ROOT, parse_args, shipped_path
-from config import ConfigError, apply_overrides, load_config, parse_overrides, validate_config
+from config import ConfigError, apply_overrides, flatten, load_config, parse_overrides, validate_config
 from distributed import SINGLE, Ranks
 from observations import normalize_shape, shape_of
 from trainer import PPOTrainer, TrainingStopped, check_memory_path
@@ -41,21 +41,12 @@ from worker import WorkerError
 MIN_FREE_MB = 100  # refuse to start with less free disk space than this for models and summaries
 DEFAULT_CONFIG = "configs/poc_memory_env.yaml"
 MODELS_DIR, SUMMARIES_DIR = "models", "summaries"  # relative to the current folder, as PPOTrainer's defaults
-# Config keys that the saved model, optimizer, memory or environment state depend on: a resumed run cannot change them.
+# Config keys that the saved memory or environment state depends on, whatever the model's parameters: a resumed run
+# cannot change them. Keys that change the model's parameters are found by building the new model (``model_changes``).
 # (worker_steps may change: the checkpoint holds only the last memory_length steps of the trace, which any T carries.)
-SHAPE_KEYS = (
-    "transformer.num_blocks",
-    "transformer.embed_dim",
-    "transformer.num_heads",
-    "transformer.memory_length",
-    "transformer.positional_encoding",
-    "transformer.layer_norm",
-    "transformer.gtrxl",
-    "hidden_layer_size",
-    "n_workers",
-    "memory_dtype",
-    "environment",
-)
+STATE_KEYS = ("memory", "transformer.memory_length", "n_workers", "memory_dtype", "environment")
+# Keys that change what the saved parameters mean without changing their shapes.
+MEANING_KEYS = ("transformer.num_heads", "transformer.positional_encoding", "transformer.query_position")
 
 
 def check_writable(folder: str) -> None:
@@ -116,15 +107,40 @@ def _environment_shapes(environment: dict) -> str:
         env.close()
 
 
+def model_changes(checkpoint: dict, saved: dict, config: dict) -> list[str]:
+    """The config keys that differ between the checkpoint's and the new config, named with the first saved parameter
+    whose shape the new config changes (or that it adds or drops); empty where the saved parameters fit."""
+    from model import ActorCriticModel
+
+    model = ActorCriticModel(
+        validate_config(config), normalize_shape(checkpoint["observation_shape"]), saved_actions(checkpoint)
+    )
+    new = {name: tuple(value.shape) for name, value in model.state_dict().items()}
+    old = {name: tuple(value.shape) for name, value in checkpoint["model"].items()}
+    differ = [name for name in sorted(set(old) | set(new)) if old.get(name) != new.get(name)]
+    if not differ:
+        return []
+    name = differ[0]
+    shapes = ", ".join(f"{which} {shape}" for which, shape in (("saved", old.get(name)), ("new", new.get(name))) if shape)
+    flat_old, flat_new = flatten(saved), flatten(config)
+    keys = [
+        f"{key} {flat_old.get(key)!r} -> {flat_new.get(key)!r}"
+        for key in flat_new
+        if key != "updates" and flat_old.get(key) != flat_new.get(key)
+    ]
+    return [f"{', '.join(keys) or 'the config'} (parameter {name}: {shapes})"]
+
+
 def check_resume_shapes(checkpoint: dict, config: dict) -> None:
-    """Raise ValueError naming each SHAPE_KEYS key whose value in ``config`` (the resumed run's, as a dict) differs from
-    the checkpoint's: the saved model, optimizer, memory or environment state would not fit."""
+    """Raise ValueError naming each STATE_KEYS or MEANING_KEYS key whose value in ``config`` (the resumed run's, as a
+    dict) differs from the checkpoint's, or else the keys whose change gives the model other parameter shapes: the saved
+    model, optimizer, memory or environment state would not fit."""
     try:
         saved = validate_config(checkpoint["config"]).to_dict()  # defaults of keys added since, filled in
     except ConfigError:
         saved = checkpoint["config"]
     changes = []
-    for key in SHAPE_KEYS:
+    for key in STATE_KEYS + MEANING_KEYS:
         old, new = _value(saved, key), _value(config, key)
         if old == new:
             continue
@@ -139,6 +155,8 @@ def check_resume_shapes(checkpoint: dict, config: dict) -> None:
             changes.append(f"{differ} (the checkpoint's model takes {saved_shapes}{new_shapes})")
         else:
             changes.append(f"{key} {old!r} -> {new!r}")
+    if not changes:
+        changes = model_changes(checkpoint, saved, config)
     if changes:
         raise ValueError(
             f"the checkpoint cannot be resumed with {'; '.join(changes)}: "

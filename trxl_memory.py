@@ -479,4 +479,4 @@ class TrXLMemory(Memory):
 
     def attention_over_steps(self, state: TrXLState, attention: list[torch.Tensor], row: int = 0) -> list[np.ndarray]:
         slots = self.layout.ring_order(int(state.episode_steps[row]))
-        return [w[row, :, 0, slots].cpu().numpy() for w in attention]
+        return [w[row, :, 0, slots].float().cpu().numpy() for w in attention]  # numpy has no bfloat16

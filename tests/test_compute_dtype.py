@@ -74,3 +74,21 @@ def test_bfloat16_gradients_of_an_image_encoder_stay_close_to_float32() -> None:
         grads.append(model.encoder.conv[0].weight.grad)
     assert grads[1].dtype == torch.float32 and torch.isfinite(grads[1]).all()
     torch.testing.assert_close(grads[1], grads[0], atol=0.05 * grads[0].abs().max().item(), rtol=0)
+
+
+def test_bfloat16_attention_weights_for_figures() -> None:
+    # The attention strips of eval_video and enjoy.py --attention are numpy arrays, which have no bfloat16.
+    float32, bfloat16 = pair("trxl")
+    strips = []
+    for model in (float32, bfloat16):
+        state = model.memory.start(1, torch.device("cpu"))
+        generator = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for _ in range(3):
+                out = model.step(torch.rand(1, 3, generator=generator), state, return_attention=True)
+                model.memory.commit(state, out.record)
+            out = model.step(torch.rand(1, 3, generator=generator), state, return_attention=True)
+        strips.append(model.memory.attention_over_steps(state, out.attention))
+    for exact, rounded in zip(*strips, strict=True):
+        assert rounded.dtype == exact.dtype and rounded.shape == exact.shape == (2, 3)  # (H, visible steps)
+        assert abs(rounded - exact).max() < TOLERANCE
