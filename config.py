@@ -355,6 +355,12 @@ def validate_config(raw: Any) -> Config:
             "'transformer.memory_gradients' is true, which needs minibatches of consecutive steps, but "
             "'minibatch_sampling' is 'steps': set minibatch_sampling to chunks or transformer.memory_gradients to false"
         )
+    if values["minibatch_sampling"] == "steps" and values["memory"] in ("gru", "lstm"):
+        raise ConfigError(
+            f"'minibatch_sampling' is 'steps', but a {values['memory']} memory learns through time only on sequences "
+            "(a single step trains from its stored state, so no gradient would reach earlier steps): set "
+            "minibatch_sampling to chunks"
+        )
     if values["minibatch_sampling"] == "chunks":  # single steps need no chunk length: sequence_length stays unused
         if values["sequence_length"] == 0:
             values["sequence_length"] = auto_sequence_length(n, t, m)

@@ -146,11 +146,16 @@ class RecurrentMemory(Memory):
     def _run(self, x: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the recurrent layers over x (B, R, E) from ``state`` (B, Y, W): outputs (B, R, H), final state (B, Y, W)."""
         packed = state.transpose(0, 1).contiguous()  # (Y, B, W), as torch's recurrent layers take it
-        if self.kind == "gru":
-            out, final = self.recurrent(x, packed)
-        else:
-            out, (h, c) = self.recurrent(x, (packed[..., : self.size].contiguous(), packed[..., self.size :].contiguous()))
-            final = torch.cat([h, c], dim=-1)
+        # In float32 whatever compute_dtype says: autocast runs cuDNN's recurrent layers in float16 (not the bfloat16
+        # it was asked for, and without a gradient scaler) and oneDNN's LSTM in bfloat16, whose rounding compounds
+        # over every step of a sequence.
+        with torch.autocast(x.device.type, enabled=False):
+            x = x.float()
+            if self.kind == "gru":
+                out, final = self.recurrent(x, packed)
+            else:
+                out, (h, c) = self.recurrent(x, (packed[..., : self.size].contiguous(), packed[..., self.size :].contiguous()))
+                final = torch.cat([h, c], dim=-1)
         return out, final.transpose(0, 1)
 
     def _features(self, out: torch.Tensor) -> torch.Tensor:

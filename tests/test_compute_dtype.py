@@ -92,3 +92,17 @@ def test_bfloat16_attention_weights_for_figures() -> None:
     for exact, rounded in zip(*strips, strict=True):
         assert rounded.dtype == exact.dtype and rounded.shape == exact.shape == (2, 3)  # (H, visible steps)
         assert abs(rounded - exact).max() < TOLERANCE
+
+
+@pytest.mark.parametrize("memory", ["gru", "lstm"])
+def test_recurrent_layer_runs_in_float32_under_bfloat16(memory: str) -> None:
+    # autocast would run the recurrent layer in reduced precision (float16 in cuDNN, bfloat16 in oneDNN's LSTM).
+    float32, bfloat16 = pair(memory)
+    x = torch.randn(4, 6, bfloat16.memory.recurrent.input_size)
+    state = torch.randn(4, 1, bfloat16.memory.width)
+    with bfloat16.autocast():
+        out, final = bfloat16.memory._run(x, state)
+    expected, expected_final = float32.memory._run(x, state)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(final, expected_final)

@@ -148,3 +148,11 @@ def test_transformer_checks_only_apply_to_the_transformer_memory() -> None:
     with pytest.raises(ConfigError, match="memory_length"):
         small_config({"memory_length": 64})  # the PoC episode has 32 steps at most
     assert small_config({"memory_length": 64}, memory="gru").memory == "gru"
+
+
+@pytest.mark.parametrize("memory", ["gru", "lstm"])
+def test_single_step_minibatches_are_refused(memory: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        small_config(memory=memory, minibatch_sampling="steps")
+    for words in ("minibatch_sampling", memory, "chunks"):
+        assert words in str(error.value)
