@@ -113,12 +113,13 @@ def reset_lanes(env: gymnasium.Env, seed: int) -> list:
     return list(obs) if hasattr(env, "lanes") else [obs]
 
 
-def step_lanes(env: gymnasium.Env, actions: list) -> tuple[list, list[float], bool, bool, list[dict]]:
+def step_lanes(env: gymnasium.Env, actions: list) -> tuple[list, list[float], list[bool], list[bool], list[dict]]:
     """Steps an environment with one action per lane (each as the models give it, A entries).
 
     Returns:
-        One observation and one reward per lane, terminated, truncated (the same for all lanes) and, at the step that
-        ends the episode, one ``info["episode"]`` dict per lane (else an empty list).
+        One observation, one reward, one terminated and one truncated flag per lane (all lanes end their episode at
+        the same step, each of them terminated or truncated) and, at the step that ends the episode, one
+        ``info["episode"]`` dict per lane (else an empty list).
 
     Raises:
         RuntimeError: If the environment ended an episode without reporting it in its info.
@@ -126,14 +127,15 @@ def step_lanes(env: gymnasium.Env, actions: list) -> tuple[list, list[float], bo
     space = env.action_space
     if hasattr(env, "lanes"):
         obs, rewards, terminated, truncated, info = env.step([to_env_action(space, action) for action in actions])
-        episodes = info.get("episodes") if terminated or truncated else []
+        terminated, truncated = [bool(t) for t in terminated], [bool(t) for t in truncated]
+        episodes = info.get("episodes") if any(terminated) or any(truncated) else []
     else:
-        ob, reward, terminated, truncated, info = env.step(to_env_action(space, actions[0]))
-        obs, rewards = [ob], [reward]
-        episodes = [info.get("episode")] if terminated or truncated else []
+        ob, reward, term, trunc, info = env.step(to_env_action(space, actions[0]))
+        obs, rewards, terminated, truncated = [ob], [reward], [bool(term)], [bool(trunc)]
+        episodes = [info.get("episode")] if term or trunc else []
     if episodes is None or None in episodes:
         raise RuntimeError(f"{type(env).__name__} ended an episode without reporting it in info['episode']")
-    return obs, rewards, bool(terminated), bool(truncated), episodes
+    return obs, rewards, terminated, truncated, episodes
 
 
 class EnvGroup:
@@ -199,7 +201,9 @@ class EnvGroup:
         seed = episode_seed(self._seed, index, episode, self._evaluation)
         return self._call(index, "reset", reset_lanes, self.envs[j], seed)
 
-    def step_env(self, j: int, action: list[int] | list[float], what: str) -> tuple[list, list[float], bool, bool, list]:
+    def step_env(
+        self, j: int, action: list[int] | list[float], what: str
+    ) -> tuple[list, list[float], list[bool], list[bool], list]:
         """Steps the group's j-th environment and records the action.
 
         Args:
@@ -210,7 +214,8 @@ class EnvGroup:
             what: Names the phase in error messages ("step" or "replay").
 
         Returns:
-            See ``step_lanes``: K observations, K rewards, terminated, truncated and the ended episodes' dicts.
+            See ``step_lanes``: K observations, K rewards, K terminated and K truncated flags and the ended episodes'
+            dicts.
         """
         width = len(action) // self.agents
         lanes = [action[k * width : (k + 1) * width] for k in range(self.agents)]
@@ -243,14 +248,14 @@ class EnvGroup:
             rows = actions[j * k : (j + 1) * k]
             action = [float(a) for row in rows for a in row] if self._box else [int(a) for row in rows for a in row]
             obs_j, rewards_j, term, trunc, episodes_j = self.step_env(j, action, "step")
-            if term or trunc:
+            if any(term) or any(trunc):
                 final_obs.update({index * k + lane: ob for lane, ob in enumerate(obs_j)})
                 episodes.extend(episodes_j)
                 obs_j = self.start_episode(j, self.recorder.next_episode(j))
             obs.extend(obs_j)
             rewards.extend(rewards_j)
-            terminated.extend([term] * k)
-            truncated.extend([trunc] * k)
+            terminated.extend(term)
+            truncated.extend(trunc)
         return StepResult(
             obs=stack_observations(obs),
             rewards=np.asarray(rewards, dtype=np.float32),

@@ -149,7 +149,7 @@ def replay_episode(group: EnvGroup, j: int, episode: int, actions: list[list[int
     ob = group.start_episode(j, episode)
     for t, action in enumerate(actions):
         ob, _, term, trunc, _ = group.step_env(j, action, "replay")  # ob: one observation per lane
-        if term or trunc:
+        if any(term) or any(trunc):
             raise WorkerError(
                 f"the state does not match environment {group.indices[j]}: its episode {episode} ended at replayed "
                 f"action {t + 1} of {len(actions)}; restore a state taken from Workers with the same environment "

@@ -227,15 +227,17 @@ class ParallelAgents:
         self._length = 0
         return [_convert(obs[agent], self._layout) for agent in self.agents], infos
 
-    def step(self, actions: list) -> tuple[list, list[float], bool, bool, dict]:
+    def step(self, actions: list) -> tuple[list, list[float], list[bool], list[bool], dict]:
         """Steps every agent.
 
         Args:
             actions: One action per lane, in lane order, each as for the Gymnasium family (from 0).
 
         Returns:
-            K observations, K rewards, terminated, truncated (never both; the same for all agents) and info: the
-            environment's infos under "agents", and at the episode's last step "episodes", one dict per agent.
+            K observations, K rewards, K terminated and K truncated flags and info: the environment's infos under
+            "agents", and at the episode's last step "episodes", one dict per agent. At that step every agent is
+            either terminated (by the environment) or truncated (by the environment or the step limit), never both:
+            a truncated agent's value is bootstrapped even where others terminated on the same step.
 
         Raises:
             AgentChangeError: If some agents ended their episode while others went on, or the agents changed.
@@ -251,12 +253,13 @@ class ParallelAgents:
             went_on = [agent for agent, done in zip(self.agents, ended, strict=True) if not done]
             finished = [agent for agent, done in zip(self.agents, ended, strict=True) if done]
             raise AgentChangeError(self._change_message(f"agent(s) {finished} ended their episode while {went_on} went on"))
-        terminated = all(ended) and any(bool(terminations.get(agent, False)) for agent in self.agents)
-        truncated = (all(ended) or limit_reached) and not terminated
+        over = all(ended) or limit_reached
+        terminated = [over and bool(terminations.get(agent, False)) for agent in self.agents]
+        truncated = [over and not term for term in terminated]
         step_rewards = [float(rewards.get(agent, 0.0)) for agent in self.agents]
         self._returns += step_rewards
         info = {"agents": infos}
-        if terminated or truncated:
+        if over:
             info["episodes"] = self._episodes(infos)
         return [_convert(obs[agent], self._layout) for agent in self.agents], step_rewards, terminated, truncated, info
 

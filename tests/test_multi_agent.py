@@ -71,6 +71,19 @@ class LateAgentEnv(StaggeredEnv):
         return {"a": obs["a"]}, {"a": {}}
 
 
+class SplitEndEnv(StaggeredEnv):
+    """Both agents end at step 2: "a" terminates, "b" is truncated."""
+
+    def step(self, actions: dict) -> tuple[dict, dict, dict, dict, dict]:
+        self._t += 1
+        obs = {agent: np.full(2, self._t / 4, np.float32) for agent in self.agents}
+        rewards, infos = {agent: 0.0 for agent in self.agents}, {agent: {} for agent in self.agents}
+        terminations, truncations = {"a": self._t >= 2, "b": False}, {"a": False, "b": self._t >= 2}
+        if self._t >= 2:
+            self.agents = []
+        return obs, rewards, terminations, truncations, infos
+
+
 def env_of(name: str) -> dict:
     """An environment section for one of this module's test environments."""
     return {"type": "PettingZoo", "entry_point": f"{__name__}:{name}"}
@@ -137,6 +150,18 @@ def test_worker_counts_must_fit_the_agents() -> None:
         small_config(environment=RECALL, n_processes=3)
     with pytest.raises(ValueError, match="use a multiple of 2"):
         Workers(RECALL, 3, 0, seed=0)
+
+
+def test_agents_that_terminate_and_truncate_on_the_same_step_keep_their_own_ends() -> None:
+    # The truncated agent's lane must be truncated (bootstrapped from its final observation), not terminated.
+    with Workers(env_of("SplitEndEnv"), 2, 1, seed=0) as workers:
+        workers.reset()
+        result = workers.step(np.zeros((2, 1), dtype=np.int64))
+        assert not result.terminated.any() and not result.truncated.any()
+        result = workers.step(np.zeros((2, 1), dtype=np.int64))
+        assert result.terminated.tolist() == [True, False]
+        assert result.truncated.tolist() == [False, True]
+        assert sorted(result.final_obs) == [0, 1] and np.all(result.final_obs[1] == 0.5)
 
 
 def test_an_agent_that_ends_before_the_others_stops_training_with_its_name() -> None:
