@@ -138,14 +138,17 @@ def check_run_id(run_id: str) -> None:
 
 
 def config_changes(saved: dict, wanted: dict) -> list[str]:
-    """The keys (but ``updates``, which a resume may change) in which a checkpoint's config differs from the
-    experiment's, as "key saved -> wanted"."""
+    """The keys (but ``updates``, which a resume may change, and the section of a memory neither config uses) in which
+    a checkpoint's config differs from the experiment's, as "key saved -> wanted"."""
     try:
         saved = validate_config(saved).to_dict()  # defaults of keys added since, filled in
     except ConfigError:
         pass
     old, new = flatten(saved), flatten(wanted)
-    keys = sorted((set(old) | set(new)) - {"updates"})
+    # The section of a memory the run does not use changes nothing (e.g. a new transformer default for a GRU run).
+    unused = [prefix for prefix, memories in (("transformer.", ("trxl",)), ("recurrence.", ("gru", "lstm")))
+              if old.get("memory") not in memories and new.get("memory") not in memories]  # fmt: skip
+    keys = sorted(key for key in (set(old) | set(new)) - {"updates"} if not key.startswith(tuple(unused)))
     return [f"{key} {old.get(key)!r} -> {new.get(key)!r}" for key in keys if old.get(key) != new.get(key)]
 
 

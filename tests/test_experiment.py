@@ -271,3 +271,15 @@ def test_bad_command_lines_stop_before_anything_starts(
     for word in words:
         assert word in stderr, stderr
     assert os.listdir(tmp_path) == []  # nothing started
+
+
+def test_config_changes_ignore_the_section_of_an_unused_memory() -> None:
+    from conftest import small_config
+
+    gru = small_config(memory="gru").to_dict()
+    changed = small_config({"memory_gradients": True}, memory="gru").to_dict()
+    assert experiment.config_changes(gru, changed) == []
+    wider = small_config(memory="gru", recurrence={"hidden_state_size": 8}).to_dict()
+    assert experiment.config_changes(gru, wider) == ["recurrence.hidden_state_size 256 -> 8"]
+    trxl, trxl_changed = small_config().to_dict(), small_config({"memory_gradients": True}).to_dict()
+    assert experiment.config_changes(trxl, trxl_changed) == ["transformer.memory_gradients False -> True"]
