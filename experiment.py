@@ -183,10 +183,20 @@ def write_record(run: Seed, episodes: int) -> None:
         "evaluation_seed": EVALUATION_SEED,
         "evaluation": run.evaluation,
         "curves": {tag: [[step, value] for step, value in read_scalars(summary_dir, tag).items()] for tag in RECORD_TAGS},
+        "seconds": training_seconds(run.checkpoint["config"], summary_dir),
     }
     os.makedirs(os.path.dirname(run.record_path), exist_ok=True)
     with open(run.record_path, "w") as file:
         json.dump(run.record, file)
+
+
+def training_seconds(config: dict, summary_dir: str) -> float | None:
+    """Seconds the run spent in rollouts and optimisation, summed over its updates from their logged steps per second
+    (exact across resumes; evaluations and pauses between sessions excluded); None without the summaries."""
+    rates = read_scalars(summary_dir, "training/sps")
+    if not rates:
+        return None
+    return round(sum(config["n_workers"] * config["worker_steps"] / rate for rate in rates.values() if rate > 0), 1)
 
 
 def plan(run: Seed, config: dict) -> None:

@@ -1,0 +1,227 @@
+"""Benchmark panel: a named set of (task, memory) pairs, each trained over seeds with experiment.py, gathered into one
+leaderboard: results/panel/<id>/table.md and table.json.
+
+Usage:
+  panel.py [options]
+  panel.py (-h | --help)
+
+Options:
+  --panel=<path>   Panel file: the tasks, the memories and the seeds (required; configs/panel.yaml is the shipped one).
+  --id=<id>        Name of this panel's results: pair (task, memory) runs as experiment panel/<id>/<task>-<memory>
+                   [default: main].
+  --only=<names>   Comma-separated tasks, memories or task-memory pairs to run now (default: all); the table still
+                   holds every pair that has results.
+  --jobs=<n>       Seeds trained at a time within a pair (experiment.py --jobs) [default: 1].
+  --table-only     Train nothing: write the table from the results there are.
+  --cpu            Train and evaluate on the CPU even where CUDA is available.
+  -h --help        Show this help.
+
+A panel file:
+
+  seeds: 0-2                       # every pair's seeds (experiment.py --seeds)
+  eval_episodes: 100               # unseen episodes per final model
+  memories:                        # name: --set items that choose the memory
+    trxl: []
+    gru: [memory=gru]
+  tasks:                           # name: its config, --set items for every memory, and per memory (optional)
+    cartpole:
+      config: configs/cartpole.yaml
+      sets: [updates=75]
+      threshold: 190               # steps-to-threshold level (default: 0.9 for success, none for reward)
+      memory_sets: {gru: [recurrence.hidden_state_size=64]}
+
+Pairs run one after the other, in the file's order (tasks, then memories); running the command again skips the
+seeds that finished (experiment.py's records) and resumes the rest, so a panel can be spread over several sessions.
+The table has one row per pair: the final models' IQM over the seeds with its 95% bootstrap interval, the seeds that
+reached the threshold and the IQM of their steps to it, and the median training minutes per seed (rollouts and
+optimisation, from the logged steps per second).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+import yaml
+
+import experiment
+from cli import parse_args
+from train import config_path
+
+PANEL_DIR = os.path.join("results", "panel")
+
+
+class PanelError(ValueError):
+    """The panel file is missing or malformed."""
+
+
+def load_panel(path: str) -> dict:
+    """The panel file, checked: seeds, memories and tasks with existing configs."""
+    if not os.path.isfile(path):
+        raise PanelError(f"panel file '{path}' does not exist (configs/panel.yaml is the shipped one)")
+    with open(path) as file:
+        try:
+            panel = yaml.safe_load(file)
+        except yaml.YAMLError as error:
+            raise PanelError(f"panel file '{path}' is not valid YAML: {error}") from None
+    if not isinstance(panel, dict) or set(panel) - {"seeds", "eval_episodes", "memories", "tasks"}:
+        raise PanelError(f"panel file '{path}': give the keys seeds, eval_episodes, memories and tasks (see --help)")
+    for key in ("seeds", "memories", "tasks"):
+        if key not in panel:
+            raise PanelError(f"panel file '{path}' lacks '{key}' (see --help)")
+    experiment.parse_seeds(str(panel["seeds"]))
+    if not isinstance(panel["memories"], dict) or not panel["memories"]:
+        raise PanelError(f"panel file '{path}': memories must map names to lists of --set items, e.g. gru: [memory=gru]")
+    if not isinstance(panel["tasks"], dict) or not panel["tasks"]:
+        raise PanelError(f"panel file '{path}': tasks must map names to {{config: ..., sets: [...]}}")
+    for name, task in panel["tasks"].items():
+        if not isinstance(task, dict) or "config" not in task:
+            raise PanelError(f"panel file '{path}': task '{name}' needs a config, e.g. {{config: configs/cartpole.yaml}}")
+        unknown = sorted(set(task) - {"config", "sets", "threshold", "memory_sets"})
+        if unknown:
+            raise PanelError(f"panel file '{path}': task '{name}' has the unknown key '{unknown[0]}'")
+        if not os.path.isfile(config_path(task["config"])):
+            raise PanelError(f"panel file '{path}': task '{name}': config '{task['config']}' does not exist")
+        for memory in task.get("memory_sets", {}) or {}:
+            if memory not in panel["memories"]:
+                raise PanelError(f"panel file '{path}': task '{name}' sets memory '{memory}', which memories lacks")
+    return panel
+
+
+def pairs(panel: dict) -> list[tuple[str, str]]:
+    return [(task, memory) for task in panel["tasks"] for memory in panel["memories"]]
+
+
+def selected(task: str, memory: str, only: list[str] | None) -> bool:
+    return only is None or bool({task, memory, f"{task}-{memory}"} & set(only))
+
+
+def arguments(panel: dict, panel_id: str, task: str, memory: str, jobs: int, cpu: bool) -> list[str]:
+    """experiment.py's arguments for one pair."""
+    spec = panel["tasks"][task]
+    sets = [*spec.get("sets", []), *panel["memories"][memory], *(spec.get("memory_sets", {}) or {}).get(memory, [])]
+    argv = [f"--config={spec['config']}", f"--seeds={panel['seeds']}", f"--run-id=panel/{panel_id}/{task}-{memory}"]
+    argv += [f"--jobs={jobs}", f"--eval-episodes={panel.get('eval_episodes', 100)}", *[f"--set={s}" for s in sets]]
+    if spec.get("threshold") is not None:
+        argv.append(f"--threshold={spec['threshold']}")
+    return argv + (["--cpu"] if cpu else [])
+
+
+def row(panel_id: str, task: str, memory: str) -> dict | None:
+    """One pair's entry of the table from its experiment's summary and seed records; None without a summary."""
+    folder = os.path.join(experiment.RESULTS_DIR, "panel", panel_id, f"{task}-{memory}")
+    path = os.path.join(folder, "summary.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as file:
+        summary = json.load(file)
+    seconds = []
+    for seed in summary["finished_seeds"]:
+        with open(os.path.join(folder, f"seed-{seed}.json")) as file:
+            record = json.load(file)
+        value = record.get("seconds")
+        if value is None and os.path.isdir(record["summary_dir"]):
+            value = experiment.training_seconds(record["config"], record["summary_dir"])
+        if value is not None:
+            seconds.append(value)
+    final, steps = summary["final"], summary["steps_to_threshold"]
+    return {
+        "task": task,
+        "memory": memory,
+        "metric": summary["metric"],
+        "seeds": len(summary["finished_seeds"]),
+        "iqm": final["iqm"],
+        "ci": [final["ci_low"], final["ci_high"]],
+        "per_seed": final["per_seed"],
+        "threshold": steps["threshold"],
+        "reached": steps["reached"],
+        "steps_to_threshold_iqm": steps["iqm"],
+        "env_steps": max(seed["env_steps"] for seed in summary["per_seed"]) if summary["per_seed"] else None,
+        "seconds_per_seed": round(float(np.median(seconds)), 1) if seconds else None,
+        "failures": len(summary["failures"]),
+        "command": summary["command"],
+    }
+
+
+def table(rows: list[dict], panel_id: str) -> str:
+    """The leaderboard as markdown, one row per pair, tasks in panel order, the best IQM of a task in bold."""
+    lines = [
+        f"# Panel {panel_id}",
+        "",
+        "Final models on unseen episodes: IQM over the seeds with its 95% bootstrap interval. Steps: the IQM over the "
+        "seeds that reached the threshold of the first update whose training metric reached it. Minutes: median "
+        "training time per seed (rollouts and optimisation).",
+        "",
+        "| task | memory | metric | seeds | final IQM [95% CI] | reached threshold | steps to it | env steps | min/seed |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    best = {}
+    for entry in rows:
+        best[entry["task"]] = max(best.get(entry["task"], -np.inf), entry["iqm"])
+    for entry in rows:
+        score = f"{entry['iqm']:.3g} [{entry['ci'][0]:.3g}, {entry['ci'][1]:.3g}]"
+        score = f"**{score}**" if entry["iqm"] == best[entry["task"]] else score
+        threshold = "-" if entry["threshold"] is None else f"{entry['reached']} of {entry['seeds']} at {entry['threshold']:g}"
+        steps = "-" if entry["steps_to_threshold_iqm"] is None else f"{entry['steps_to_threshold_iqm'] / 1e3:.0f}k"
+        minutes = "-" if entry["seconds_per_seed"] is None else f"{entry['seconds_per_seed'] / 60:.1f}"
+        lines.append(
+            f"| {entry['task']} | {entry['memory']} | {entry['metric']} | {entry['seeds']} | {score} | {threshold} | {steps} "
+            f"| {entry['env_steps']} | {minutes} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_table(panel: dict, panel_id: str) -> dict:
+    """Write table.md and table.json from every pair's results; returns the JSON."""
+    rows = [entry for task, memory in pairs(panel) if (entry := row(panel_id, task, memory)) is not None]
+    folder = os.path.join(PANEL_DIR, panel_id)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "table.md"), "w") as file:
+        file.write(table(rows, panel_id))
+    result = {"panel": panel_id, "pairs": len(pairs(panel)), "with_results": len(rows), "rows": rows}
+    with open(os.path.join(folder, "table.json"), "w") as file:
+        json.dump(result, file, indent=1)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run panel.py with the command-line arguments ``argv`` (default: sys.argv[1:]); returns the exit code."""
+    args = parse_args(__doc__, argv)
+    if args["--panel"] is None:
+        print(
+            "error: --panel missing: python panel.py --panel=configs/panel.yaml (--help explains every flag)", file=sys.stderr
+        )
+        return 2
+    try:
+        panel = load_panel(config_path(args["--panel"]))
+        experiment.check_run_id(args["--id"])
+        jobs = experiment.number(args, "--jobs", int, 1)
+        only = [name.strip() for name in args["--only"].split(",")] if args["--only"] else None
+        names = {name for pair in pairs(panel) for name in (*pair, "-".join(pair))}
+        unknown = sorted(set(only or []) - names)
+        if unknown:
+            raise PanelError(f"--only '{unknown[0]}' is no task, memory or task-memory pair of the panel")
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    failed = []
+    if not args["--table-only"]:
+        todo = [(task, memory) for task, memory in pairs(panel) if selected(task, memory, only)]
+        for n, (task, memory) in enumerate(todo, 1):
+            print(f"panel {args['--id']}: pair {n} of {len(todo)}: {task} with {memory}", flush=True)
+            code = experiment.main(arguments(panel, args["--id"], task, memory, jobs, bool(args["--cpu"])))
+            if code == 130:
+                print("interrupted: run the same command again to continue the panel", file=sys.stderr)
+                return 130
+            if code != 0:
+                failed.append(f"{task}-{memory}")
+    result = write_table(panel, args["--id"])
+    print(f"table: {os.path.join(PANEL_DIR, args['--id'], 'table.md')}", flush=True)
+    print(json.dumps({key: result[key] for key in ("panel", "pairs", "with_results")} | {"failed": failed}))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""panel.py end to end on a tiny panel (one task, two memories, one seed of 2 updates), and panel files answered with
+clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import panel
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = """
+seeds: "0"
+eval_episodes: 2
+memories:
+  trxl: []
+  none: [memory=none]
+tasks:
+  poc:
+    config: configs/poc_memory_env.yaml
+    sets: [updates=2, n_workers=2, worker_steps=16, n_mini_batch=2, eval_interval=0, transformer.embed_dim=16,
+           transformer.num_blocks=1, hidden_layer_size=16, transformer.memory_length=8]
+"""
+
+
+def run_panel(folder: str, text: str, *flags: str) -> subprocess.CompletedProcess:
+    with open(os.path.join(folder, "panel.yaml"), "w") as file:
+        file.write(text)
+    command = [sys.executable, os.path.join(ROOT, "panel.py"), "--panel=panel.yaml", "--id=tiny", "--cpu", *flags]
+    return subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=300)
+
+
+def test_tiny_panel_end_to_end(tmp_path: str) -> None:
+    result = run_panel(str(tmp_path), TINY, "--only=none")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"panel": "tiny", "pairs": 2, "with_results": 1, "failed": []}
+    result = run_panel(str(tmp_path), TINY)  # the finished pair is skipped, the other one trains
+    assert result.returncode == 0, result.stderr
+    assert "seed 0: skipped: finished earlier" in result.stdout
+    table = json.load(open(os.path.join(tmp_path, "results", "panel", "tiny", "table.json")))
+    assert [(row["task"], row["memory"], row["seeds"]) for row in table["rows"]] == [("poc", "trxl", 1), ("poc", "none", 1)]
+    for row in table["rows"]:
+        assert row["env_steps"] == 64 and row["seconds_per_seed"] > 0 and row["metric"] == "success"
+        assert row["ci"][0] <= row["iqm"] <= row["ci"][1]
+    markdown = open(os.path.join(tmp_path, "results", "panel", "tiny", "table.md")).read()
+    assert markdown.count("| poc |") == 2 and "**" in markdown  # the best IQM of the task in bold
+    # The table alone, from the results there are.
+    os.remove(os.path.join(tmp_path, "results", "panel", "tiny", "table.md"))
+    assert run_panel(str(tmp_path), TINY, "--table-only").returncode == 0
+    assert os.path.isfile(os.path.join(tmp_path, "results", "panel", "tiny", "table.md"))
+
+
+@pytest.mark.parametrize(
+    "text,flags,expected",
+    [
+        ("seeds: 0-1\nmemories: {trxl: []}\n", [], "lacks 'tasks'"),
+        ("seeds: 0-1\nmemories: {trxl: []}\ntasks: {poc: {sets: []}}\n", [], "task 'poc' needs a config"),
+        ("seeds: 0-1\nmemories: {trxl: []}\ntasks: {poc: {config: configs/nothing.yaml}}\n", [], "does not exist"),
+        ("seeds: 0-1\nmemories: {trxl: []}\ntasks: {poc: {config: configs/poc_memory_env.yaml, steps: 3}}\n", [], "'steps'"),
+        (TINY, ["--only=gru"], "--only 'gru' is no task, memory or task-memory pair"),
+    ],
+)
+def test_bad_panel_is_refused(tmp_path: str, text: str, flags: list[str], expected: str) -> None:
+    result = run_panel(str(tmp_path), text, *flags)
+    assert result.returncode == 2 and expected in result.stderr
+
+
+def test_shipped_panel_holds_the_issue_tasks_with_every_memory() -> None:
+    shipped = panel.load_panel(os.path.join(ROOT, "configs", "panel.yaml"))
+    assert set(shipped["memories"]) == {"trxl", "gru", "lstm", "none"}
+    assert {"poc", "cartpole", "minigrid", "mmg1", "mmg3"} <= set(shipped["tasks"])
+    assert sum(task.startswith("popgym") for task in shipped["tasks"]) >= 2
