@@ -19,6 +19,9 @@ Options:
   --processes=<list>       Instead: train.py on 1..P processes through torchrun, e.g. 1,2,4 (same config, same
                            n_workers split over the processes, each with cores / P threads): steps/s overall and per
                            process, scaling efficiency against 1 process, peak RSS of the largest process.
+  --gpu-check              Instead: the checks for a GPU machine (gpu_check.py: learning, fast == plain, CPU vs
+                           device, bfloat16, compile, torchrun) and a steps/s table; with --cpu on the CPU.
+  --check-sizes=<list>     Sizes (workers x steps) of --gpu-check's table [default: 8x128,32x512].
   --set=<key=value>        Override a config key (repeatable), as in train.py.
   --cpu                    Use the CPU even where CUDA is available.
   --child=<path>           (internal) measure one path in this process and print its JSON.
@@ -287,6 +290,17 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         print(json.dumps(measure(args["--config"], overrides, args["--child"], int(args["--updates"]), device)))
         return 0
+    if args["--gpu-check"]:
+        from gpu_check import parse_sizes, run_checks
+
+        try:
+            sizes = parse_sizes(args["--check-sizes"])
+        except ValueError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        summary = run_checks(device, sizes)
+        print(json.dumps(summary))
+        return 0 if summary["passed"] else 1
     overrides = parse_overrides(args["--set"])
     if args["--workers"]:
         overrides["n_workers"] = int(args["--workers"])
