@@ -183,7 +183,10 @@ def restore_training(
     for group, setting in zip(optimizer.param_groups, settings, strict=True):
         group.update(setting)
     torch.set_rng_state(payload["rng"]["torch"])
-    if next(model.parameters()).device.type == "cuda" and payload["rng"]["cuda"]:
+    device = next(model.parameters()).device
+    if device.type == "cuda" and payload["rng"].get("cuda_device") is not None:  # one rank of several (trainer.shard_of)
+        torch.cuda.set_rng_state(payload["rng"]["cuda_device"], device)
+    elif device.type == "cuda" and payload["rng"]["cuda"]:
         torch.cuda.set_rng_state_all(payload["rng"]["cuda"])
     generator.set_state(payload["rng"]["minibatch"])
     memory_state.load_state_dict(payload["memory"])

@@ -140,6 +140,8 @@ class PPOTrainer:
             "workers": self.workers.state(),
             "memory": self.collector.state.state_dict(),
             "trace": self.buffer.trace.state_dict(),
+            # Each rank samples on its own GPU, whose generator only that rank's process knows.
+            "cuda_rng": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
         }
         shards = gather_to_main(shard, self.ranks)
         if shards is None:
@@ -152,6 +154,7 @@ class PPOTrainer:
             world_size=self.ranks.world,
             memory=[shard["memory"] for shard in shards],
             trace=[shard["trace"] for shard in shards],
+            cuda_rng=[shard["cuda_rng"] for shard in shards],
         )
         return snapshot
 
@@ -320,12 +323,16 @@ def shard_of(checkpoint: dict, ranks: Ranks, agents: int, n_workers: int) -> dic
         return checkpoint
     lanes = ranks.lanes(n_workers)
     environments = slice(lanes.start // agents, lanes.stop // agents)
-    return {
+    shard = {
         **checkpoint,
         "workers": checkpoint["workers"][environments],
         "memory": checkpoint["memory"][ranks.rank],
         "trace": checkpoint["trace"][ranks.rank],
     }
+    own = (checkpoint.get("cuda_rng") or [None] * ranks.world)[ranks.rank]
+    if own is not None:  # the generator of this rank's GPU, not rank 0's view of every device
+        shard["rng"] = {**checkpoint["rng"], "cuda": [], "cuda_device": own}
+    return shard
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:

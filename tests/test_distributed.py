@@ -174,3 +174,19 @@ def test_leave_ends_the_process_with_its_code_and_flushes_what_it_printed(tmp_pa
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # buffered, as a plain run's pipes are
     result = subprocess.run([sys.executable, "-c", script, ROOT], env=env, capture_output=True, text=True, timeout=60)
     assert (result.returncode, result.stdout, result.stderr) == (3, "saved", "last words")
+
+
+def test_each_rank_restores_its_own_cuda_generator() -> None:
+    # Only rank 0 wrote the checkpoint, but each rank's GPU generator state is its own (gathered with its shard).
+    from distributed import Ranks
+    from trainer import shard_of
+
+    states = [torch.full((4,), rank, dtype=torch.uint8) for rank in range(2)]
+    checkpoint = {"world_size": 2, "workers": [{"e": 0}, {"e": 1}], "memory": ["m0", "m1"], "trace": ["t0", "t1"],
+                  "rng": {"torch": "cpu", "cuda": ["rank 0's view"], "minibatch": "g"}, "cuda_rng": states}  # fmt: skip
+    for rank in range(2):
+        shard = shard_of(checkpoint, Ranks(rank, 2), 1, 2)
+        assert shard["memory"] == f"m{rank}" and torch.equal(shard["rng"]["cuda_device"], states[rank])
+        assert shard["rng"]["torch"] == "cpu" and shard["rng"]["minibatch"] == "g"
+    cpu_only = {**checkpoint, "cuda_rng": [None, None]}
+    assert "cuda_device" not in shard_of(cpu_only, Ranks(1, 2), 1, 2)["rng"]
