@@ -45,6 +45,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
 import tempfile
@@ -55,8 +56,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import observations
-from cli import parse_args
-from config import MEMORY_TYPES, load_config, parse_overrides
+from cli import parse_args, shipped_path
+from config import MEMORY_TYPES, ConfigError, load_config, parse_overrides
 from memory import check_memory_path
 from model import ActorCriticModel
 from ppo import forward_minibatch
@@ -185,12 +186,26 @@ def long_episode(config_path: str, overrides: dict, steps: int, device: torch.de
     return result
 
 
+def run_group(command: list[str], **options: object) -> subprocess.CompletedProcess:
+    """Run ``command`` in a process group of its own and return its output; if the benchmark is stopped meanwhile
+    (Ctrl-C, SIGTERM from ``timeout``), the whole group is killed before the benchmark ends, so that no measuring child
+    (nor its torchrun processes) keeps computing."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0, **options)
+    try:
+        stdout, stderr = process.communicate()
+    except BaseException:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        raise
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
 def run_child(args: dict, path: str, overrides: dict) -> dict:
     """Measure one path in a fresh process and return its result."""
     command = [sys.executable, os.path.abspath(__file__), f"--child={path}", f"--config={args['--config']}"]
     command += [f"--updates={args['--updates']}"] + (["--cpu"] if args["--cpu"] else [])
     command.append(f"--overrides={json.dumps(overrides)}")
-    result = subprocess.run(command, capture_output=True, text=True)
+    result = run_group(command)
     if result.returncode != 0:
         raise RuntimeError(f"measuring the {path} path failed:\n{result.stderr[-4000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -234,7 +249,7 @@ def train_processes(config_path: str, overrides: dict, processes: int, updates: 
         "print('peak_rss_kib', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); sys.exit(code)"
     )
     with tempfile.TemporaryDirectory() as folder:
-        result = subprocess.run([sys.executable, "-c", parent, *command], cwd=folder, env=env, capture_output=True, text=True)
+        result = run_group([sys.executable, "-c", parent, *command], cwd=folder, env=env)
     if result.returncode != 0:
         raise RuntimeError(f"training on {processes} process(es) failed:\n{result.stderr[-4000:]}")
     rates = [float(line.split("sps")[1].split()[0]) for line in result.stdout.splitlines() if line.startswith("update ")]
@@ -281,6 +296,8 @@ def print_row(name: str, r: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(__doc__, argv)
+    if not args["--child"]:  # SIGTERM stops the benchmark as Ctrl-C does, through run_group's cleanup
+        signal.signal(signal.SIGTERM, _raise_interrupt)
     device = torch.device("cuda" if torch.cuda.is_available() and not args["--cpu"] else "cpu")
     if args["--child"]:
         overrides = json.loads(args["--overrides"])
@@ -306,7 +323,12 @@ def main(argv: list[str] | None = None) -> int:
         overrides["n_workers"] = int(args["--workers"])
     if args["--steps"]:
         overrides["worker_steps"] = int(args["--steps"])
-    config = load_config(args["--config"], overrides)
+    try:
+        args["--config"] = shipped_path(args["--config"])  # the children get it as found here
+        config = load_config(args["--config"], overrides)
+    except ConfigError as error:
+        print(f"config error: {error}", file=sys.stderr)
+        return 2
     if args["--processes"]:
         try:
             counts = [int(count) for count in args["--processes"].split(",") if count]
@@ -362,6 +384,10 @@ def main(argv: list[str] | None = None) -> int:
         summary["sweep_rollout_sps"] = {str(k): round(v, 1) for k, v in results["sweep"].items()}
     print(json.dumps(summary))
     return 0
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 if __name__ == "__main__":
