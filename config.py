@@ -9,6 +9,7 @@ value and the fix.
 from __future__ import annotations
 
 import copy
+import difflib
 import os
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -83,6 +84,7 @@ class Config:
     hidden_layer_size: int
     max_grad_norm: float
     adam_epsilon: float
+    weight_decay: float
     target_kl: float
     n_processes: int
     memory_dtype: str
@@ -218,6 +220,13 @@ SCHEMA: dict[str, tuple] = {
         "epsilon of the AdamW optimizer (added to the root of its second-moment estimate; torch's default 1e-8 is the "
         "reference's)",
     ),
+    "weight_decay": (
+        float,
+        0.01,
+        _NON_NEGATIVE,
+        "AdamW's decoupled weight decay, on every parameter (gate biases, layer norms and learned positions included), "
+        "as the reference's AdamW with torch's default",
+    ),
     "target_kl": (
         float,
         0.0,
@@ -278,7 +287,9 @@ def _check_section(values: Any, schema: dict[str, tuple], prefix: str) -> dict:
         raise ConfigError(f"'{prefix.rstrip('.') or 'config'}' must be a mapping of keys to values, got {values!r}")
     unknown = sorted(set(values) - set(schema))
     if unknown:
-        raise ConfigError(f"unknown key '{prefix}{unknown[0]}'. Allowed keys here: {', '.join(schema)}")
+        close = difflib.get_close_matches(str(unknown[0]), list(schema), n=1, cutoff=0.6)
+        hint = f"did you mean '{prefix}{close[0]}'? " if close else ""
+        raise ConfigError(f"unknown key '{prefix}{unknown[0]}': {hint}Allowed keys here: {', '.join(schema)}")
     out = {}
     for key, (kind, default, check, _) in schema.items():
         name = prefix + key

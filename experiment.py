@@ -564,7 +564,9 @@ def print_report(runs: list[Seed], summary: dict) -> None:
         median = "-" if to_threshold["median"] is None else f"{to_threshold['median']:.0f}"
         print(f"steps to {metric} {threshold:g}: {to_threshold['reached']} of {to_threshold['runs']} seeds, median {median}")
     falls = summary["falls_after_solving"]
-    if falls is not None:
+    if falls is not None and falls["runs_reached"] == 0:
+        print(f"no seed reached {metric} {falls['reach']:.2f} in training, so none could fall back")
+    elif falls is not None:
         print(
             f"after first reaching {metric} {falls['reach']:.2f} in training: {falls['runs_below']} of "
             f"{falls['runs_reached']} seeds fell below {falls['floor']:g} ({falls['updates_below']} updates in all)"

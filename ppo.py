@@ -164,7 +164,11 @@ class PPOLearner:
         self.stat_keys = STAT_KEYS + (("reconstruction_loss",) if config.reconstruction_coefficient > 0 else ())
         # The fused implementation is several times faster than the per-tensor loop, on the CPU too.
         self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=config.learning_rate_schedule.initial, eps=config.adam_epsilon, fused=True
+            model.parameters(),
+            lr=config.learning_rate_schedule.initial,
+            eps=config.adam_epsilon,
+            weight_decay=config.weight_decay,
+            fused=True,
         )
 
     def optimize(self, buffer: Buffer, update: int) -> dict[str, float]:

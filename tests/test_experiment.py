@@ -283,3 +283,16 @@ def test_config_changes_ignore_the_section_of_an_unused_memory() -> None:
     assert experiment.config_changes(gru, wider) == ["recurrence.hidden_state_size 256 -> 8"]
     trxl, trxl_changed = small_config().to_dict(), small_config({"memory_gradients": True}).to_dict()
     assert experiment.config_changes(trxl, trxl_changed) == ["transformer.memory_gradients False -> True"]
+
+
+@pytest.mark.parametrize("reached,expected", [(0, "no seed reached success 1.00 in training"), (2, "0 of 2 seeds fell below")])
+def test_report_of_falls_after_solving(capsys: pytest.CaptureFixture, reached: int, expected: str) -> None:
+    summary = {
+        "metric": "success", "eval_episodes": 10, "per_seed": [], "failures": [],
+        "final": {"iqm": 0.5, "mean": 0.5, "ci_low": 0.4, "ci_high": 0.6},
+        "steps_to_threshold": {"threshold": 0.9, "reached": 0, "runs": 2, "median": None},
+        "falls_after_solving": {"reach": 1.0, "floor": 0.9, "runs_reached": reached, "runs_below": 0, "updates_below": 0},
+    }  # fmt: skip
+    experiment.print_report([], summary)
+    out = capsys.readouterr().out
+    assert expected in out and ("0 of 0" not in out)

@@ -46,7 +46,10 @@ def with_change(path: str, value: object) -> dict:
 
 # (change, words the message must contain)
 BAD_CONFIGS = [
-    (("epochz", 3), ["epochz", "Allowed keys"]),
+    (("epochz", 3), ["epochz", "did you mean 'epochs'?", "Allowed keys"]),
+    (("transformer.memory_lenght", 8), ["transformer.memory_lenght", "did you mean 'transformer.memory_length'?"]),
+    (("learning_rate_schedule.inital", 1e-4), ["did you mean 'learning_rate_schedule.initial'?"]),
+    (("zzz", 3), ["unknown key 'zzz': Allowed keys"]),
     (("environment", ...), ["environment", "missing"]),
     (("environment.type", ...), ["environment.type"]),
     (("gamma", "high"), ["gamma", "'high'", "float"]),

@@ -58,6 +58,8 @@ def test_resume_takes_the_optimizer_settings_from_the_config(tmp_path: str) -> N
     first = train_small(tmp_path, "run", 1)
     checkpoint = torch.load(first.checkpoint_path, weights_only=True)
     assert checkpoint["optimizer"]["param_groups"][0]["eps"] == first.config.adam_epsilon
-    resumed = train_small(tmp_path, "run", 2, checkpoint=checkpoint, adam_epsilon=1e-3)
+    assert checkpoint["optimizer"]["param_groups"][0]["weight_decay"] == 0.01  # the reference's (torch's default)
+    resumed = train_small(tmp_path, "run", 2, checkpoint=checkpoint, adam_epsilon=1e-3, weight_decay=0.0)
     assert resumed.learner.optimizer.param_groups[0]["eps"] == 1e-3
+    assert resumed.learner.optimizer.param_groups[0]["weight_decay"] == 0.0
     assert resumed.learner.optimizer.state, "the moments must still come from the checkpoint"
