@@ -92,6 +92,11 @@ def _resolve(env_id: str) -> gymnasium.envs.registration.EnvSpec:
         close = difflib.get_close_matches(name, list(gymnasium.registry), n=3, cutoff=0.6)
         hint = f"did you mean {' or '.join(repr(match) for match in close)}?" if close else "no registered id is close"
         where = f"after importing {module!r}" if module else "(to register an id from your own module, use 'module:Name-v0')"
+        if name.startswith("ALE/") and not module:
+            hint = (
+                f"Atari ids are registered by ale_py: write 'ale_py:{name}', or use the Atari type "
+                f"(environment: {{type: Atari, game: {name[4:].split('-')[0]}}}), which adds the standard preprocessing"
+            )
         raise ValueError(f"environment.id = {env_id!r} is not a registered gymnasium id {where}; {hint} ({error})") from None
 
 
