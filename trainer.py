@@ -274,10 +274,15 @@ class PPOTrainer:
             model = ActorCriticModel(self.config, self.model.observation_shape, self.model.actions)
             model.load_state_dict(self.snapshot["model"])
             save_model(model, self.config, self.model_path)
-            kept = f"{self.checkpoint_path} (after update {self.snapshot['update']})"
+            done = self.snapshot["update"]
+            kept = f"{self.checkpoint_path} ({'no update completed yet' if done == 0 else f'after update {done}'})"
         reason = known.get(type(error), f"an unexpected error ({type(error).__name__})")
         where = f" on rank {self.ranks.rank} of {self.ranks.world}" if self.ranks.distributed else ""
-        message = f"training stopped{where}: {reason} during update {self.update + 1}"
+        if self.update < self.config.updates:
+            during = f"during update {self.update + 1} of {self.config.updates}"
+        else:  # every update is done: the final evaluation or the writing of the files was stopped
+            during = f"after the last update ({self.config.updates}), during the final evaluation or saving"
+        message = f"training stopped{where}: {reason} {during}"
         if type(error) not in known:
             # Not one of the expected ways to stop: show where it happened.
             message += f"\n{''.join(traceback.format_exception(error)).rstrip()}"

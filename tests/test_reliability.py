@@ -366,3 +366,19 @@ def test_eval_video_needs_an_environment_that_renders() -> None:
     with pytest.raises(ConfigError, match="eval_video"):
         small_config(environment={"type": "Failing"}, eval_video=True)
     assert small_config(eval_video=True).eval_video
+
+
+def test_stopping_in_the_final_evaluation_says_so(tmp_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainer import PPOTrainer, TrainingStopped
+
+    def interrupted(self: PPOTrainer) -> dict:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(PPOTrainer, "evaluate", interrupted)
+    config = small_config(updates=1, eval_interval=1)
+    trainer = PPOTrainer(config, "one", torch.device("cpu"), 0, models_dir=str(tmp_path), summaries_dir=str(tmp_path))
+    with pytest.raises(TrainingStopped) as error:
+        trainer.run()
+    message = str(error.value)
+    assert "after the last update (1), during the final evaluation or saving" in message
+    assert "(after update 1)" in message and "update 2" not in message
