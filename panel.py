@@ -6,7 +6,8 @@ Usage:
   panel.py (-h | --help)
 
 Options:
-  --panel=<path>   Panel file: the tasks, the memories and the seeds (required; configs/panel.yaml is the shipped one).
+  --panel=<path>   Panel file: the tasks, the memories and the seeds (required; the shipped one:
+                   configs/panels/memories.yaml).
   --id=<id>        Name of this panel's results: pair (task, memory) runs as experiment panel/<id>/<task>-<memory>
                    [default: main].
   --only=<names>   Comma-separated tasks, memories or task-memory pairs to run now (default: all); the table still
@@ -60,7 +61,7 @@ class PanelError(ValueError):
 def load_panel(path: str) -> dict:
     """The panel file, checked: seeds, memories and tasks with existing configs."""
     if not os.path.isfile(path):
-        raise PanelError(f"panel file '{path}' does not exist (configs/panel.yaml is the shipped one)")
+        raise PanelError(f"panel file '{path}' does not exist (configs/panels/memories.yaml is the shipped one)")
     with open(path) as file:
         try:
             panel = yaml.safe_load(file)
@@ -191,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(__doc__, argv)
     if args["--panel"] is None:
         print(
-            "error: --panel missing: python panel.py --panel=configs/panel.yaml (--help explains every flag)", file=sys.stderr
+            "error: --panel missing: python panel.py --panel=configs/panels/memories.yaml (--help explains every flag)",
+            file=sys.stderr,
         )
         return 2
     try:

@@ -1,7 +1,9 @@
-"""The README stays true to the code: every config key and flag documented, every mentioned file present."""
+"""The README and docs/ stay true to the code: every config key and flag documented on its page, every mentioned file
+present, every relative link pointing at a file (and heading) that exists, and the README short enough to read."""
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 
@@ -11,37 +13,100 @@ from config import RECURRENCE_SCHEMA, SCHEMA, TRANSFORMER_SCHEMA
 from environments import ENV_TYPES, FAMILIES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-README = open(os.path.join(ROOT, "README.md")).read()
+README_PATH = os.path.join(ROOT, "README.md")
+DOC_PATHS = sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
+README_MAX_BYTES = 15_000
+
+
+def read(path: str) -> str:
+    with open(os.path.join(ROOT, path), encoding="utf-8") as file:
+        return file.read()
+
+
+def without_code_blocks(text: str) -> str:
+    """The text outside fenced code blocks: a `# comment` in a bash block is no heading, a `[x](y)` there no link."""
+    return re.sub(r"^```.*?^```", "", text, flags=re.MULTILINE | re.DOTALL)
+
+
+def anchors(path: str) -> set[str]:
+    """The anchors GitHub gives the headings of a markdown file: lower case, punctuation dropped, spaces to hyphens,
+    a repeated heading numbered -1, -2, ..."""
+    seen: dict[str, int] = {}
+    for heading in re.findall(r"^#{1,6} +(.+?) *#*$", without_code_blocks(read(path)), flags=re.MULTILINE):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        seen[slug] = seen.get(slug, -1) + 1
+        if seen[slug]:
+            seen[f"{slug}-{seen[slug]}"] = 0
+    return set(seen)
 
 
 def test_every_config_key_is_documented() -> None:
+    configuration = read("docs/configuration.md")
     for key in SCHEMA:
-        assert f"`{key}`" in README, key
+        assert f"`{key}`" in configuration, key
     for key in TRANSFORMER_SCHEMA:
-        assert f"`transformer.{key}`" in README, key
+        assert f"`transformer.{key}`" in configuration, key
     for key in RECURRENCE_SCHEMA:
-        assert f"`recurrence.{key}`" in README, key
+        assert f"`recurrence.{key}`" in configuration, key
+
+
+def test_every_environment_type_and_key_is_documented() -> None:
+    environments = read("docs/environments.md")
     for env_type in ENV_TYPES:
-        assert f"`{env_type}`" in README, env_type
+        assert f"`{env_type}`" in environments, env_type
         for key in FAMILIES[env_type].schema:
-            assert f"`{key}`" in README, f"{env_type}.{key}"
+            assert f"`{key}`" in environments, f"{env_type}.{key}"
 
 
-@pytest.mark.parametrize("script", ["train.py", "enjoy.py", "benchmark.py", "experiment.py", "plot.py"])
-def test_every_flag_is_documented(script: str) -> None:
-    text = open(os.path.join(ROOT, script)).read()
-    usage = text.split('"""')[1]
+@pytest.mark.parametrize(
+    "script, page",
+    [
+        ("train.py", "docs/training.md"),
+        ("enjoy.py", "docs/evaluation.md"),
+        ("benchmark.py", "docs/benchmark.md"),
+        ("experiment.py", "docs/experiments.md"),
+        ("plot.py", "docs/experiments.md"),
+        ("panel.py", "docs/experiments.md"),
+        ("tune.py", "docs/tuning.md"),
+    ],
+)
+def test_every_flag_is_documented(script: str, page: str) -> None:
+    usage = read(script).split('"""')[1]
     flags = set(re.findall(r"^\s+(--[a-z-]+)", usage, flags=re.MULTILINE)) - {"--help", "--child", "--overrides"}
     assert flags, "no flags found"
+    text = read(page)
     for flag in flags:
-        assert f"`{flag}" in README, f"{script} {flag}"
+        assert f"`{flag}" in text, f"{script} {flag} in {page}"
 
 
 def test_every_mentioned_file_exists() -> None:
-    docs = README + open(os.path.join(ROOT, "docs", "memory.md")).read()
+    docs = "".join(read(path) for path in [README_PATH, *DOC_PATHS])
     mentioned = set(re.findall(r"`((?:configs|docs|tests|environments)/[\w./-]+|[\w-]+\.(?:py|txt|yaml))`", docs))
-    mentioned |= set(re.findall(r"\]\(((?:docs/)?[\w./-]+\.(?:md|gif|png))\)", docs))
     assert len(mentioned) > 10
     for path in mentioned:
         candidates = [os.path.join(ROOT, path), os.path.join(ROOT, "docs", path)]
         assert any(os.path.exists(c) for c in candidates), path
+
+
+def test_the_readme_is_short() -> None:
+    size = os.path.getsize(README_PATH)
+    assert size <= README_MAX_BYTES, f"README.md has {size} bytes, at most {README_MAX_BYTES}: move details into docs/"
+
+
+@pytest.mark.parametrize("page", [README_PATH, *DOC_PATHS], ids=os.path.basename)
+def test_every_relative_link_points_to_an_existing_file(page: str) -> None:
+    links = re.findall(r"\]\(([^)\s]+)\)", without_code_blocks(read(page)))
+    relative = [link for link in links if not re.match(r"[a-z][a-z0-9+.-]*:", link)]
+    assert relative or page != README_PATH, "the README links into docs/"
+    for link in relative:
+        target, _, anchor = link.partition("#")
+        path = os.path.normpath(os.path.join(os.path.dirname(page), target)) if target else page
+        assert os.path.exists(path), f"{os.path.relpath(page, ROOT)}: {link} ({os.path.relpath(path, ROOT)} is missing)"
+        if anchor and path.endswith(".md"):
+            assert anchor in anchors(path), f"{os.path.relpath(page, ROOT)}: {link} (no such heading)"
+
+
+def test_the_readme_links_every_docs_page() -> None:
+    readme = read(README_PATH)
+    for path in DOC_PATHS:
+        assert f"](docs/{os.path.basename(path)})" in readme, f"the README's doc map lacks docs/{os.path.basename(path)}"

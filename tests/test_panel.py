@@ -70,7 +70,7 @@ def test_bad_panel_is_refused(tmp_path: str, text: str, flags: list[str], expect
 
 
 def test_shipped_panel_holds_the_issue_tasks_with_every_memory() -> None:
-    shipped = panel.load_panel(os.path.join(ROOT, "configs", "panel.yaml"))
+    shipped = panel.load_panel(os.path.join(ROOT, "configs", "panels", "memories.yaml"))
     assert set(shipped["memories"]) == {"trxl", "gru", "lstm", "none"}
     assert {"poc", "cartpole", "minigrid", "mmg1", "mmg3"} <= set(shipped["tasks"])
     assert sum(task.startswith("popgym") for task in shipped["tasks"]) >= 2
