@@ -2,6 +2,7 @@
 
 Usage:
   plot.py <experiment>... [--out=<file>] [--title=<text>]
+  plot.py --tables
   plot.py (-h | --help)
 
 Arguments:
@@ -10,6 +11,8 @@ Arguments:
 Options:
   --out=<file>          Figure to write (default: compare.png next to the first experiment, e.g. results/compare.png).
   --title=<text>        Title (default: "<metric>: IQM over seeds with 95% stratified-bootstrap bands").
+  --tables              Instead: write the README's results table from results/tables.yaml and the summaries it
+                        names (tables.py).
   -h --help             Show this help.
 """
 
@@ -116,6 +119,12 @@ def default_output(first: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run plot.py with the command-line arguments ``argv`` (default: sys.argv[1:]); returns the exit code."""
     args = parse_args(__doc__, argv)
+    if args["--tables"]:
+        from tables import README, write_readme_table
+
+        changed = write_readme_table()
+        print(f"{'wrote' if changed else 'unchanged:'} the results table of {os.path.relpath(README)}")
+        return 0
     try:
         summaries = [load_summary(path) for path in args["<experiment>"]]
     except ValueError as error:
