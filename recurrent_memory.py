@@ -59,7 +59,8 @@ class RecurrentState(MemoryState):
         self.fresh = torch.ones(n_workers, dtype=torch.bool, device=device)
 
     def end_episodes(self, done: torch.Tensor) -> None:
-        self.hidden[done] = 0
+        # Elementwise, not a boolean-mask write: no host synchronisation on a GPU.
+        self.hidden.mul_((~done).view(-1, 1, 1).to(self.hidden.dtype))
         self.fresh |= done
 
     def state_dict(self) -> dict[str, torch.Tensor]:

@@ -96,10 +96,11 @@ class RolloutCollector:
         terminated = torch.as_tensor(result.terminated, device=self.device)
         truncated = torch.as_tensor(result.truncated, device=self.device)
         final_values = torch.zeros(self.n_workers, device=self.device)
-        if truncated.any():
+        if result.truncated.any():  # asked of the host's array: no device synchronisation
             # A time limit is no terminal state: bootstrap from the final observation with its own episode's memory.
-            index = truncated.nonzero().squeeze(1)
-            final_obs = self.model.prepare(observations.stack([result.final_obs[i] for i in index.tolist()]))
+            rows = np.flatnonzero(result.truncated)
+            final_obs = self.model.prepare(observations.stack([result.final_obs[i] for i in rows]))
+            index = torch.as_tensor(rows, device=self.device)
             final_values[index] = self.values(final_obs, index)
         rewards = torch.as_tensor(result.rewards, dtype=torch.float32, device=self.device)
         self.buffer.record_outcome(t, rewards, terminated, truncated, final_values)

@@ -225,8 +225,9 @@ class TrXLState(MemoryState):
         self.keys_values: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def end_episodes(self, done: torch.Tensor) -> None:
-        self.episode_steps[done] = 0
-        self.episode_ids[done] += 1
+        # Elementwise, not boolean-mask writes: no host synchronisation on a GPU.
+        self.episode_steps.mul_(~done)
+        self.episode_ids.add_(done)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         names = ("tokens", "token_steps", "episode_steps", "episode_ids")
