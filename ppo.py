@@ -5,6 +5,7 @@ Shapes follow the legend in buffer.py.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Callable
 
@@ -121,7 +122,7 @@ def forward_minibatch(model: ActorCriticModel, minibatch: Minibatch) -> PolicyOu
     return model(minibatch.obs, minibatch.memory)
 
 
-def clip_gradients(model: nn.Module, max_norm: float) -> tuple[dict[str, float], torch.Tensor]:
+def clip_gradients(model: nn.Module, max_norm: float) -> tuple[dict[str, float], float]:
     """Clip the gradients to a total norm of ``max_norm``, as torch.nn.utils.clip_grad_norm_ does.
 
     Returns each top-level module's gradient norm before clipping (for the summaries) and the total norm; every
@@ -139,7 +140,8 @@ def clip_gradients(model: nn.Module, max_norm: float) -> tuple[dict[str, float],
     total_norm = torch.stack(list(module_norms.values())).norm()
     scale = (max_norm / (total_norm + 1e-6)).clamp(max=1.0)
     torch._foreach_mul_(grads, scale)
-    return {f"grad_norm/{name}": norm.item() for name, norm in module_norms.items()}, total_norm
+    *norms, total = torch.stack([*module_norms.values(), total_norm]).tolist()  # one host copy for all of them
+    return {f"grad_norm/{name}": norm for name, norm in zip(module_norms, norms, strict=True)}, total
 
 
 STAT_KEYS = ("policy_loss", "value_loss", "entropy", "total_loss", "approx_kl", "clip_fraction")
@@ -222,12 +224,13 @@ class PPOLearner:
             stats = self.backward(minibatch, clip_range, beta, update)
         if self.ranks.distributed:
             stats = self.sum_over_ranks(stats)
-        stats = {key: value.item() for key, value in stats.items()}
+        # One host copy of all the statistics, not one synchronisation per statistic.
+        stats = dict(zip(stats, torch.stack([value.float() for value in stats.values()]).tolist(), strict=True))
         if 0 < self.config.target_kl < stats["approx_kl"]:
             return stats, True
         grad_norms, total_norm = clip_gradients(self.model, self.config.max_grad_norm)
-        if not torch.isfinite(total_norm):
-            raise NonFiniteError(f"the gradient norm became {total_norm.item()} in update {update + 1}")
+        if not math.isfinite(total_norm):
+            raise NonFiniteError(f"the gradient norm became {total_norm} in update {update + 1}")
         self.optimizer.step()
         return {**stats, **grad_norms}, False
 
