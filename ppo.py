@@ -202,7 +202,10 @@ class PPOLearner:
         variance = returns.var()
         explained = (1 - (returns - values).var() / variance).item() if variance > 0 else float("nan")
         result = {key: float(np.mean(value)) for key, value in stats.items()}
+        advantages = buffer.advantages
         result.update(
+            value_mean=values.mean().item(), return_mean=returns.mean().item(), advantage_mean=advantages.mean().item(),
+            advantage_std=advantages.std().item(),
             explained_variance=explained, learning_rate=learning_rate, entropy_coefficient=beta, clip_range=clip_range,
             gradient_steps=steps, kl_stop=float(stopped),
         )  # fmt: skip

@@ -7,6 +7,7 @@ import yaml
 from tensorboard.compat.proto.summary_pb2 import Summary
 from torch.utils.tensorboard import SummaryWriter
 
+from config import flatten
 from figures import gif_bytes
 
 # stats key -> TensorBoard tag
@@ -23,6 +24,9 @@ TRAINING = (
 )  # fmt: skip
 
 
+VALUES = ("value_mean", "return_mean", "advantage_mean", "advantage_std")  # of the rollout, under values/
+
+
 class Summaries:
     """TensorBoard summaries of one run in ``summary_dir``."""
 
@@ -36,10 +40,23 @@ class Summaries:
         self.writer.add_text("config", "    " + text.replace("\n", "\n    "), 0)  # indented: shown as code
         self.writer.add_text("command", f"    {command}", 0)
 
-    def update(self, env_steps: int, episode_means: dict[str, float], stats: dict[str, float], sps: float) -> None:
-        """Summaries of one update: episode means (metric -> mean over the episodes that ended), losses, diagnostics."""
-        for key, value in episode_means.items():
-            self.writer.add_scalar(f"episode/{key}_mean", value, env_steps)
+    def update(
+        self, env_steps: int, episodes: dict[str, list[float]], stats: dict[str, float], sps: float, seconds: dict[str, float]
+    ) -> None:
+        """Summaries of one update: the episodes that ended (metric -> one value per episode: the mean of each, the
+        spread of the reward and how many ended), losses, diagnostics, value statistics, and where the time went
+        (``seconds``: phase -> seconds)."""
+        for key, values in episodes.items():
+            self.writer.add_scalar(f"episode/{key}_mean", float(np.mean(values)), env_steps)
+        rewards = episodes.get("reward", [])
+        self.writer.add_scalar("episode/count", len(rewards), env_steps)
+        if rewards:
+            for name, spread in (("min", np.min), ("max", np.max), ("std", np.std)):
+                self.writer.add_scalar(f"episode/reward_{name}", float(spread(rewards)), env_steps)
+        for key in VALUES:
+            self.writer.add_scalar(f"values/{key}", stats[key], env_steps)
+        for phase, value in seconds.items():
+            self.writer.add_scalar(f"time/{phase}_seconds", value, env_steps)
         for key, tag in LOSSES.items():
             if key in stats:
                 self.writer.add_scalar(tag, stats[key], env_steps)
@@ -49,6 +66,16 @@ class Summaries:
         for key, value in stats.items():
             if key.startswith("grad_norm/"):
                 self.writer.add_scalar(key, value, env_steps)
+
+    def hparams(self, config: dict, final: dict[str, float], env_steps: int) -> None:
+        """The config and the last update's episode means in TensorBoard's HParams tab, so that runs compare in one
+        table (lists and other non-scalar values as text)."""
+        flat = {
+            key: value if isinstance(value, int | float | str | bool) else str(value) for key, value in flatten(config).items()
+        }
+        self.writer.add_hparams(
+            flat, {f"final/{key}_mean": value for key, value in final.items()}, run_name=".", global_step=env_steps
+        )
 
     def evaluation(self, env_steps: int, means: dict[str, float]) -> None:
         """Means of an evaluation on unseen episodes, under ``evaluation/``."""

@@ -170,12 +170,15 @@ class PPOTrainer:
             stats = RolloutStats(episodes)
         return stats
 
-    def log(self, episode_means: dict[str, float], stats: dict[str, float], seconds: float) -> str:
+    def log(self, episodes: dict[str, list[float]], stats: dict[str, float], rollout_s: float, optimize_s: float) -> str:
         """Write the summaries of the update in progress; returns its console line."""
-        sps = self.config.n_workers * self.config.worker_steps / seconds
+        sps = self.config.n_workers * self.config.worker_steps / (rollout_s + optimize_s)
         if self.summaries is not None:
-            self.summaries.update(self.progress.env_steps, episode_means, stats, sps)
-        return console_line(self.update + 1, self.config.updates, self.progress.env_steps, sps, episode_means, stats)
+            self.summaries.update(
+                self.progress.env_steps, episodes, stats, sps, {"rollout": rollout_s, "optimize": optimize_s}
+            )
+        means = {key: float(np.mean(values)) for key, values in episodes.items()}
+        return console_line(self.update + 1, self.config.updates, self.progress.env_steps, sps, means, stats)
 
     def evaluate(self) -> dict[str, float]:
         """Evaluate on the fixed set of unseen episodes, log under ``evaluation/``, and return the metric means."""
@@ -224,10 +227,11 @@ class PPOTrainer:
             while self.update < config.updates:
                 tick = time.time()
                 rollout = self.rollout()
+                middle = time.time()
                 stats = self.learner.optimize(self.buffer, self.update)
                 check_identical(self.model, self.ranks)
                 episode_means = {key: float(np.mean(values)) for key, values in rollout.episodes.items()}
-                line = self.log(episode_means, stats, time.time() - tick)
+                line = self.log(rollout.episodes, stats, middle - tick, time.time() - middle)
                 self.progress.update += 1
                 due = bool(config.checkpoint_interval) and self.update % config.checkpoint_interval == 0
                 if not self.ranks.distributed or due or self.update == config.updates:
@@ -251,6 +255,7 @@ class PPOTrainer:
             self.save_checkpoint(self.snapshot)
             if self.ranks.main:
                 save_model(self.model, config, self.model_path)
+                self.summaries.hparams(config.to_dict(), last_means, self.progress.env_steps)
         except (KeyboardInterrupt, Exception) as error:
             self._stop(error)
         finally:
