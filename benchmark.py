@@ -336,6 +336,11 @@ def main(argv: list[str] | None = None) -> int:
             counts = []
         return scaling(args, config, overrides, counts)
     paths = [path for path in args["--paths"].split(",") if path]
+    if "plain" in paths and config.memory == "trxl" and config.transformer.memory_gradients:
+        # The plain path, the specification, has no gradients into the memory: compare both paths without them.
+        print("note: transformer.memory_gradients set to false for every path (the plain path does not implement it)")
+        overrides["transformer.memory_gradients"] = False
+        config = load_config(args["--config"], overrides)
     try:
         for path in paths:
             check_memory_path(path, config, flag="--paths")

@@ -129,7 +129,7 @@ TRANSFORMER_SCHEMA: dict[str, tuple] = {
     "memory_length": (int, 64, _POSITIVE, "how many past steps of the episode each step attends to (L)"),
     "positional_encoding": (
         str,
-        "",
+        "relative",
         ('"", "relative" or "learned"', lambda v: v in ("", "relative", "learned")),
         "added to memory tokens by their episode step: none, sinusoidal, or learned (a 2048-row table; sinusoidal beyond)",
     ),
@@ -148,17 +148,18 @@ TRANSFORMER_SCHEMA: dict[str, tuple] = {
     ),
     "memory_gradients": (
         bool,
-        False,
+        True,
         None,
         "training only: the memory tokens of steps inside a minibatch chunk are recomputed with gradient, as in "
         "Transformer-XL, instead of taken from the rollout without gradient; needs the fast memory path",
     ),
     "query_position": (
         bool,
-        False,
+        True,
         None,
         "also add the positional encoding of the current step to each block's attention query (the reference adds it to "
-        "the memory only), so attention can tell how long ago a memory token was written; needs a positional_encoding",
+        "the memory only), so attention can tell how long ago a memory token was written; no effect without a "
+        "positional_encoding",
     ),
 }
 
@@ -349,11 +350,6 @@ def validate_config(raw: Any) -> Config:
         raise ConfigError(
             f"'transformer.embed_dim' ({transformer.embed_dim}) must be even for positional_encoding "
             f"'{transformer.positional_encoding}' (sine and cosine halves, also past the learned table): use an even embed_dim"
-        )
-    if transformer.query_position and not transformer.positional_encoding:
-        raise ConfigError(
-            "'transformer.query_position' is true but 'transformer.positional_encoding' is empty: the query gets the "
-            "encoding the memory gets, so choose one (relative or learned) or set query_position false"
         )
     n, t, m = values["n_workers"], values["worker_steps"], values["n_mini_batch"]
     if (n * t) % m != 0:

@@ -267,7 +267,8 @@ class Transformer(nn.Module):
         tokens = []
         weights = [] if return_weights else None
         attention_mask = AttentionMask.build(mask)
-        query_positions = self.position_encoding(query_steps) if self.config.query_position else None  # (B, Q, K, D)
+        query = self.config.query_position and self.config.positional_encoding
+        query_positions = self.position_encoding(query_steps) if query else None  # (B, Q, K, D)
         for i, block in enumerate(self.blocks):
             tokens.append(h)
             k, v = source(i, h)

@@ -15,7 +15,7 @@ POC_ENVIRONMENT = {"type": "PocMemoryEnv"}
 
 
 def small_config(transformer: dict | None = None, **overrides: object) -> Config:
-    """A tiny PoC config for unit tests; keyword arguments override top-level keys."""
+    """A tiny PoC config for unit tests; keyword arguments override top-level keys, ``transformer`` the memory's."""
     raw = {
         "environment": dict(POC_ENVIRONMENT),
         "n_workers": 4,
@@ -24,7 +24,17 @@ def small_config(transformer: dict | None = None, **overrides: object) -> Config
         "epochs": 1,
         "updates": 2,
         "hidden_layer_size": 16,
-        "transformer": {"num_blocks": 2, "embed_dim": 16, "num_heads": 2, "memory_length": 4, **(transformer or {})},
+        # The reference's memory (no gradient into it, no position on the query): the path-equivalence tests compare
+        # the fast path with the plain one, which has neither; tests of those options set them.
+        "transformer": {
+            "num_blocks": 2,
+            "embed_dim": 16,
+            "num_heads": 2,
+            "memory_length": 4,
+            "memory_gradients": False,
+            "query_position": False,
+            **(transformer or {}),
+        },  # fmt: skip
     }
     raw.update(overrides)
     return validate_config(raw)

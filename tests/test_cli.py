@@ -318,7 +318,7 @@ def test_new_run_uses_the_fast_memory_path_by_default(
         ("environment={type: CartPole}", "environment.type"),
         ("memory=gru", "memory 'trxl' -> 'gru'"),
         ("reconstruction_coefficient=0.1", "reconstruction_coefficient 0.0 -> 0.1"),
-        ("transformer.positional_encoding=relative", "transformer.positional_encoding"),
+        ("transformer.positional_encoding=", "transformer.positional_encoding"),
         ("transformer.num_heads=4", "transformer.num_heads"),
     ],
 )

@@ -128,3 +128,34 @@ def test_agent_is_initialised_as_the_reference() -> None:
     model.zero_grad()
     gate(x, torch.randn(4, 16)).sum().backward()
     assert gate.bias.grad is not None and gate.bias.grad.abs().sum() > 0  # the gate bias is learned
+
+
+@pytest.mark.parametrize("positional_encoding", ["", "relative"])
+@pytest.mark.parametrize("blocks", [1, 2, 3])
+def test_memory_length_one_reaches_back_one_step_per_block(positional_encoding: str, blocks: int) -> None:
+    # As in Transformer-XL, block i's memory holds block i's inputs, which saw the step before them: with L = 1 a
+    # step's output depends on exactly the K steps before it (K blocks), and on nothing earlier.
+    transformer = {
+        "memory_length": 1,
+        "positional_encoding": positional_encoding,
+        "query_position": True,
+        "num_blocks": blocks,
+    }
+    torch.manual_seed(0)
+    model = ActorCriticModel(small_config(transformer), (3,), [3])
+    steps = 5
+    base = torch.rand(steps, 1, 3, generator=torch.Generator().manual_seed(1))
+
+    def last_value(observations: torch.Tensor) -> torch.Tensor:
+        state = model.memory.start(1, torch.device("cpu"))
+        with torch.no_grad():
+            for t in range(steps):
+                out = model.step(observations[t], state)
+                model.memory.commit(state, out.record)
+        return out.value
+
+    for back in range(1, steps):
+        changed = base.clone()
+        changed[steps - 1 - back] += 1.0
+        same = torch.allclose(last_value(changed), last_value(base))
+        assert same == (back > blocks), f"a change {back} steps back, {blocks} blocks"

@@ -132,7 +132,12 @@ def test_optimize_with_step_minibatches() -> None:
     model = make_model("", "pre", False)
     buffer, _ = rollouts(model)
     config = small_config(
-        {"memory_length": L}, n_workers=N, worker_steps=T, n_mini_batch=MINIBATCHES, minibatch_sampling="steps", epochs=2
+        {"memory_length": L, "memory_gradients": False},
+        n_workers=N,
+        worker_steps=T,
+        n_mini_batch=MINIBATCHES,
+        minibatch_sampling="steps",
+        epochs=2,
     )
     before = [p.detach().clone() for p in model.parameters()]
     stats = PPOLearner(model, config, torch.Generator().manual_seed(0)).optimize(buffer, 0)
@@ -143,7 +148,8 @@ def test_optimize_with_step_minibatches() -> None:
 def test_steps_config() -> None:
     assert small_config().minibatch_sampling == "chunks"
     # sequence_length is unused with single steps: a value that divides nothing is no error.
-    assert small_config(minibatch_sampling="steps", sequence_length=3).minibatch_sampling == "steps"
+    steps = small_config({"memory_gradients": False}, minibatch_sampling="steps", sequence_length=3)
+    assert steps.minibatch_sampling == "steps"
     with pytest.raises(ConfigError) as error:
         small_config({"memory_gradients": True}, minibatch_sampling="steps")
     for words in ("minibatch_sampling", "transformer.memory_gradients", "chunks", "false"):
