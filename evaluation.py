@@ -23,6 +23,9 @@ from environments import create_env
 from model import ActorCriticModel
 from worker import episode_seed
 
+# Steps after which an evaluation episode ends, whatever the task: Atari's usual cap (108,000 frames at frame skip 4).
+MAX_EPISODE_STEPS = 27_000
+
 # on_step(env, step, attention): called after every agent step; attention is per block (H, L) over the ring slots
 # ordered from oldest to newest visible step, or None when not asked for.
 StepCallback = Callable[[object, int, list[np.ndarray] | None], None]
@@ -39,6 +42,7 @@ def evaluate(
     render_mode: str | None = None,
     on_step: StepCallback | None = None,
     attention: bool = False,
+    max_steps: int = MAX_EPISODE_STEPS,
 ) -> list[dict[str, float]]:
     """Run ``episodes`` episodes on evaluation seeds and return each one's ``info["episode"]`` metrics.
 
@@ -55,6 +59,9 @@ def evaluate(
         render_mode: passed to the environment (None, "rgb_array", "human").
         on_step: called after every step, e.g. to record frames.
         attention: compute attention weights for ``on_step``.
+        max_steps: an episode still running after this many steps ends there (a good agent on an Endless task, or a
+            task without a step limit, would otherwise play on): its result holds the sum of the steps' rewards so far
+            (as the environment's steps give them, which may be scaled), the length and ``"evaluation_cut": 1``.
     """
     model.eval()
     env = create_env(config.environment, render_mode=render_mode, evaluation=True)
@@ -68,16 +75,19 @@ def evaluate(
         for episode in range(episodes):
             obs = reset_lanes(env, episode_seed(seed, 0, episode, evaluation=True))
             state.end_episodes(torch.ones(lanes, dtype=torch.bool, device=device))
-            step, ended = 0, []
+            step, ended, returns = 0, [], np.zeros(lanes)
             while not ended:
                 out = model.step(model.prepare(observations.stack(obs)), state, return_attention=attention)
                 actions = out.policy.sample(deterministic, generator)
                 weights = memory.attention_over_steps(state, out.attention) if attention else None
                 memory.commit(state, out.record)
-                obs, _, _, _, ended = step_lanes(env, list(actions.cpu().numpy()))
+                obs, rewards, _, _, ended = step_lanes(env, list(actions.cpu().numpy()))
+                returns += rewards
                 step += 1
                 if on_step is not None:
                     on_step(env, step, weights)
+                if not ended and step >= max_steps:
+                    ended = [{"reward": float(total), "length": float(step), "evaluation_cut": 1.0} for total in returns]
             results.extend({key: float(value) for key, value in lane.items()} for lane in ended)
     finally:
         env.close()

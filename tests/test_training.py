@@ -121,3 +121,15 @@ def test_poc_memory_task_needs_a_memory_gru_learns_it(tmp_path: str, memory: str
         assert means["success"] >= 0.95, means
     else:
         assert means["success"] <= 0.75, means
+
+
+def test_evaluation_cuts_an_episode_that_does_not_end() -> None:
+    # A task without a step limit (or a good agent on an Endless task) must not keep an evaluation running forever.
+    from evaluation import evaluate
+    from model import ActorCriticModel
+
+    config = small_config(environment={"type": "CartPole", "name": "CartPole-v1", "mask_velocity": True})
+    model = ActorCriticModel(config, (4,), [2])
+    results = evaluate(model, config, torch.device("cpu"), episodes=2, max_steps=3)  # CartPole lasts 8 steps at least
+    assert [(r["length"], r["evaluation_cut"]) for r in results] == [(3.0, 1.0), (3.0, 1.0)]
+    assert all(r["reward"] == pytest.approx(3 * 0.01) for r in results)  # as the steps gave it (CartPole's 1/100 scale)
