@@ -22,7 +22,7 @@ import torch
 
 import observations
 from action_spec import ActionSpec
-from config import Config, ConfigError, validate_config
+from config import Config, ConfigError, validate_config, with_saved_defaults
 from memory import MemoryState, MemoryTrace
 from model import ActorCriticModel
 
@@ -90,7 +90,7 @@ def load_model(path: str, device: torch.device) -> tuple[ActorCriticModel, Confi
     """Rebuild the model and its config from a file written by ``save_model`` (or a checkpoint)."""
     payload = load_file(path)
     try:
-        config = validate_config(payload["config"])
+        config = validate_config(with_saved_defaults(payload["config"]))
     except ConfigError as error:
         raise ValueError(f"'{path}' holds a config this version cannot read: {error}") from None
     model = ActorCriticModel(config, observations.normalize_shape(payload["observation_shape"]), saved_actions(payload))

@@ -432,6 +432,21 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     return overrides
 
 
+# Keys added after runs were saved, whose default is not what those runs did: a saved config (checkpoint, model file,
+# experiment record) without the key gets this value, so that an old model behaves as it was trained.
+SAVED_DEFAULTS = {"transformer.query_position": False}
+
+
+def with_saved_defaults(saved: dict) -> dict:
+    """A copy of a saved config with each ``SAVED_DEFAULTS`` key it lacks set to the value its run used."""
+    saved = copy.deepcopy(saved)
+    for key, value in SAVED_DEFAULTS.items():
+        section, leaf = key.split(".")
+        if isinstance(saved.get(section), dict):
+            saved[section].setdefault(leaf, value)
+    return saved
+
+
 def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
     """A nested config as {"dotted.key": value}."""
     flat: dict[str, Any] = {}

@@ -46,7 +46,7 @@ import torch
 from aggregation import falls_after_reaching, iqm_curve, steps_to_threshold, summarize_runs, summarize_steps
 from checkpoint import load_file, load_model
 from cli import ROOT, parse_args
-from config import ConfigError, flatten, load_config, parse_overrides, validate_config
+from config import ConfigError, flatten, load_config, parse_overrides, validate_config, with_saved_defaults
 from evaluation import evaluate, summarize
 from plot import experiment_figure
 from train import config_path
@@ -141,7 +141,7 @@ def config_changes(saved: dict, wanted: dict) -> list[str]:
     """The keys (but ``updates``, which a resume may change, and the section of a memory neither config uses) in which
     a checkpoint's config differs from the experiment's, as "key saved -> wanted"."""
     try:
-        saved = validate_config(saved).to_dict()  # defaults of keys added since, filled in
+        saved = validate_config(with_saved_defaults(saved)).to_dict()  # defaults of keys added since, filled in
     except ConfigError:
         pass
     old, new = flatten(saved), flatten(wanted)

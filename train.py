@@ -32,7 +32,15 @@ import distributed
 from action_spec import ActionSpec
 from checkpoint import load_file, saved_actions
 from cli import ROOT, parse_args, shipped_path
-from config import ConfigError, apply_overrides, flatten, load_config, parse_overrides, validate_config
+from config import (
+    ConfigError,
+    apply_overrides,
+    flatten,
+    load_config,
+    parse_overrides,
+    validate_config,
+    with_saved_defaults,
+)
 from distributed import SINGLE, Ranks
 from observations import normalize_shape, shape_of
 from trainer import PPOTrainer, TrainingStopped, check_memory_path
@@ -136,7 +144,7 @@ def check_resume_shapes(checkpoint: dict, config: dict) -> None:
     dict) differs from the checkpoint's, or else the keys whose change gives the model other parameter shapes: the saved
     model, optimizer, memory or environment state would not fit."""
     try:
-        saved = validate_config(checkpoint["config"]).to_dict()  # defaults of keys added since, filled in
+        saved = validate_config(with_saved_defaults(checkpoint["config"])).to_dict()  # keys added since, filled in
     except ConfigError:
         saved = checkpoint["config"]
     changes = []
@@ -212,7 +220,7 @@ def train(argv: list[str] | None, ranks: Ranks) -> int:
             checkpoint = load_file(resume)
             if checkpoint.get("kind") != "checkpoint":
                 raise ValueError(f"'{resume}' is a model file, not a checkpoint: use models/<run-id>/checkpoint.pt")
-            config = validate_config(apply_overrides(checkpoint["config"], overrides))
+            config = validate_config(apply_overrides(with_saved_defaults(checkpoint["config"]), overrides))
             check_resume_shapes(checkpoint, config.to_dict())
             run_id, seed = checkpoint["run_id"], checkpoint["seed"]
             memory_path = args["--memory-path"] or checkpoint.get("memory_path", "fast")

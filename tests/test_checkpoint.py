@@ -60,3 +60,21 @@ def test_atomic_save_keeps_the_old_file_when_writing_fails(tmp_path: str) -> Non
         atomic_save({"version": 2, "bad": Unpicklable()}, path)
     assert torch.load(path, weights_only=True) == {"version": 1}
     assert os.listdir(tmp_path) == ["file.pt"]
+
+
+def test_a_model_saved_before_query_position_loads_without_it(tmp_path: str) -> None:
+    # query_position came with default true; a model saved before it was trained without it and must stay so.
+    from checkpoint import load_model, save_model
+    from experiment import config_changes
+    from model import ActorCriticModel
+
+    config = small_config({"positional_encoding": "relative", "query_position": False})
+    model = ActorCriticModel(config, (3,), [3])
+    path = os.path.join(tmp_path, "old.nn")
+    save_model(model, config, path)
+    payload = torch.load(path, weights_only=True)
+    del payload["config"]["transformer"]["query_position"]
+    torch.save(payload, path)
+    loaded, loaded_config = load_model(path, torch.device("cpu"))
+    assert loaded_config.transformer.query_position is False
+    assert config_changes(payload["config"], config.to_dict()) == []
