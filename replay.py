@@ -23,6 +23,10 @@ from action_spec import ActionSpec
 from env_group import EnvGroup, WorkerError, is_int, stack_observations
 
 STATE_KEYS = ("episode", "actions")  # keys of one environment's entry in the state
+# An episode longer than this is not replayed: its entry holds "actions": None, and a restore starts the environment's
+# next episode instead (its lanes' memory starts anew too). Without a bound, an Endless task's state would grow with
+# every step of its episode, and so would every checkpoint and the time to resume.
+MAX_REPLAY_ACTIONS = 10_000
 
 
 class EpisodeRecorder:
@@ -52,13 +56,18 @@ class EpisodeRecorder:
         self._actions[j] = []
 
     def record(self, j: int, action: list[int]) -> None:
-        """Notes that environment j took action (A ints) in its running episode."""
-        self._actions[j].append(action)
+        """Notes that environment j took action (A ints) in its running episode; beyond ``MAX_REPLAY_ACTIONS`` the
+        episode is too long to replay and its actions are dropped."""
+        if self._actions[j] is not None:
+            self._actions[j].append(action)
+            if len(self._actions[j]) > MAX_REPLAY_ACTIONS:
+                self._actions[j] = None
 
     def state(self) -> list[dict]:
-        """Returns {"episode": k, "actions": [[int, ...], ...]} per environment, copied so that later steps leave it as is."""
+        """Returns {"episode": k, "actions": [[int, ...], ...]} per environment (``None`` for an episode too long to
+        replay), copied so that later steps leave it as is."""
         return [
-            {"episode": episode, "actions": [list(action) for action in actions]}
+            {"episode": episode, "actions": None if actions is None else [list(action) for action in actions]}
             for episode, actions in zip(self._episodes, self._actions, strict=True)
         ]
 
@@ -116,6 +125,9 @@ def check_states(states: list[dict], n_envs: int, actions_spec: ActionSpec | lis
         episode, actions = state["episode"], state["actions"]
         if not is_int(episode) or episode < 0:
             raise ValueError(f"states[{i}]['episode'] = {episode!r} must be an episode number, an int >= 0")
+        if actions is None:  # an episode too long to replay: the restore starts the next one
+            checked.append({"episode": int(episode), "actions": None})
+            continue
         if not isinstance(actions, list | tuple):
             raise ValueError(f"states[{i}]['actions'] is a {type(actions).__name__}; it must be a list of actions")
         for t, action in enumerate(actions):
@@ -172,7 +184,9 @@ def restore(group: EnvGroup, states: list[dict]) -> np.ndarray:
         WorkerError: If an episode ends during the replay or an environment fails.
     """
     obs = [
-        replay_episode(group, j, state["episode"], state["actions"])
+        group.start_episode(j, state["episode"] + 1)
+        if state["actions"] is None
+        else replay_episode(group, j, state["episode"], state["actions"])
         for j, state in zip(range(len(group.envs)), states, strict=True)
     ]
     return stack_observations([ob for lanes in obs for ob in lanes])

@@ -65,6 +65,15 @@ class RolloutCollector:
         """Take the workers' current observations (N, *obs_shape), after their reset or restore."""
         self.obs = self.model.prepare(obs)
 
+    def resume(self, workers_state: list[dict]) -> None:
+        """Restore the workers from a checkpoint's state and take their observations. An environment whose episode was
+        too long to replay (``replay.MAX_REPLAY_ACTIONS``) starts its next episode instead, and so does the memory of
+        its lanes."""
+        self.start(self.workers.restore(workers_state))
+        restarted = np.repeat([state["actions"] is None for state in workers_state], self.workers.agents)
+        if restarted.any():
+            self.state.end_episodes(torch.as_tensor(restarted, device=self.device))
+
     @torch.no_grad()
     def collect(self) -> RolloutStats:
         """Collect T steps from every worker into the buffer, then compute advantages."""

@@ -110,7 +110,7 @@ class PPOTrainer:
             self.progress = restore_training(
                 checkpoint, self.model, self.learner.optimizer, generator, self.collector.state, trace
             )
-            self.collector.start(self.workers.restore(checkpoint["workers"]))
+            self.collector.resume(checkpoint["workers"])
         self.summary_dir = self.progress.summary_dir
         self.summaries = Summaries(self.summary_dir) if ranks.main else None
         if self.summaries is not None:

@@ -78,3 +78,30 @@ def test_a_model_saved_before_query_position_loads_without_it(tmp_path: str) -> 
     loaded, loaded_config = load_model(path, torch.device("cpu"))
     assert loaded_config.transformer.query_position is False
     assert config_changes(payload["config"], config.to_dict()) == []
+
+
+def test_an_episode_too_long_to_replay_restarts_on_resume(tmp_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The state of an Endless task must not grow with its episode: beyond the bound the episode is not recorded, and a
+    # resume starts that environment's next episode, with a fresh memory for its lanes.
+    import replay
+
+    monkeypatch.setattr(replay, "MAX_REPLAY_ACTIONS", 3)
+    from conftest import train_small
+
+    first = train_small(tmp_path, "run", 1)
+    checkpoint = torch.load(first.checkpoint_path, weights_only=True)
+    states = checkpoint["workers"]
+    assert all(state["actions"] is None or len(state["actions"]) <= 3 for state in states)
+    cut = [i for i, state in enumerate(states) if state["actions"] is None]
+    assert cut, "some episode must have run past the bound"
+    from trainer import PPOTrainer
+
+    resumed = PPOTrainer(first.config, "run", torch.device("cpu"), 5, models_dir=str(tmp_path), summaries_dir=str(tmp_path),
+                         checkpoint=checkpoint)  # fmt: skip
+    try:
+        steps = resumed.collector.state.episode_steps
+        assert all(int(steps[i]) == 0 for i in cut)  # a new episode, a fresh memory
+        assert all(int(steps[i]) == len(states[i]["actions"]) for i in range(len(states)) if i not in cut)
+        assert resumed.workers.state()[cut[0]]["episode"] == states[cut[0]]["episode"] + 1
+    finally:
+        resumed.close()
