@@ -53,6 +53,7 @@ class TransformerConfig:
     gtrxl_bias: float
     memory_gradients: bool
     query_position: bool
+    positional_values: bool
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,13 @@ TRANSFORMER_SCHEMA: dict[str, tuple] = {
         "also add the positional encoding of the current step to each block's attention query (the reference adds it to "
         "the memory only), so attention can tell how long ago a memory token was written; no effect without a "
         "positional_encoding",
+    ),
+    "positional_values": (
+        bool,
+        False,
+        None,
+        "the positional encoding goes into the memory's values as well as its keys (as the reference); false: keys "
+        "only, so that what attention reads is the tokens' content, not mostly their position",
     ),
 }
 
@@ -434,7 +442,7 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
 
 # Keys added after runs were saved, whose default is not what those runs did: a saved config (checkpoint, model file,
 # experiment record) without the key gets this value, so that an old model behaves as it was trained.
-SAVED_DEFAULTS = {"transformer.query_position": False}
+SAVED_DEFAULTS = {"transformer.query_position": False, "transformer.positional_values": True}
 
 
 def with_saved_defaults(saved: dict) -> dict:

@@ -109,9 +109,14 @@ class MultiHeadAttention(nn.Module):
         b, s, d = x.shape
         return x.view(b, s, self.num_heads, d // self.num_heads).transpose(1, 2)
 
-    def project_memory(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of memory tokens (B, S, D), each (B, H, S, d)."""
-        k, v = self.key_value(memory).chunk(2, dim=-1)
+    def project_memory(self, memory: torch.Tensor, values: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of memory tokens (B, S, D), each (B, H, S, d); with ``values`` (B, S, D) the values are
+        projected from those instead (the same tokens without their positions)."""
+        if values is None:
+            k, v = self.key_value(memory).chunk(2, dim=-1)
+        else:
+            weight_k, weight_v = self.key_value.weight.chunk(2, dim=0)
+            k, v = F.linear(memory, weight_k), F.linear(values, weight_v)
         return self.split_heads(k), self.split_heads(v)
 
     def forward(
@@ -152,11 +157,13 @@ class TransformerBlock(nn.Module):
             self.norm_memory = nn.LayerNorm(dim)
         self.gates = nn.ModuleList([GRUGate(dim, config.gtrxl_bias) for _ in range(2)]) if config.gtrxl else None
 
-    def project_memory(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values (B, H, S, d) of memory tokens (B, S, D) that already carry their position encoding."""
+    def project_memory(self, memory: torch.Tensor, values: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values (B, H, S, d) of memory tokens (B, S, D) that already carry their position encoding; with
+        ``values`` (B, S, D), the tokens without it, the values come from those."""
         if self.layer_norm == "pre":
             memory = self.norm_memory(memory)
-        return self.attention.project_memory(memory)
+            values = None if values is None else self.norm_memory(values)
+        return self.attention.project_memory(memory, values)
 
     def _join(self, index: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return self.gates[index](x, y) if self.gates is not None else x + y
@@ -236,9 +243,10 @@ class Transformer(nn.Module):
 
     def project_block(self, i: int, memory: torch.Tensor, positions: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values (B, H, S, d) of block i's memory tokens (B, S, D) with their encoding (B, S, D) or None."""
-        if positions is not None:
-            memory = memory + positions
-        return self.blocks[i].project_memory(memory)
+        if positions is None:
+            return self.blocks[i].project_memory(memory)
+        # Positions select (keys); with positional_values false they do not drown what is read (values).
+        return self.blocks[i].project_memory(memory + positions, None if self.config.positional_values else memory)
 
     def forward(
         self,

@@ -24,12 +24,13 @@ N, T, L, OBS = 3, 12, 5, 4
 
 def make_model(
     positional_encoding: str, layer_norm: str, gtrxl: bool, path: str = "fast", memory_dtype: str = "float32",
-    memory_gradients: bool = False, query_position: bool = False,
+    memory_gradients: bool = False, query_position: bool = False, positional_values: bool = True,
 ) -> ActorCriticModel:  # fmt: skip
     """The same weights for every path and option that does not add parameters."""
     torch.manual_seed(0)
     options = {"positional_encoding": positional_encoding, "layer_norm": layer_norm, "gtrxl": gtrxl, "gtrxl_bias": 1.0}
     options.update(memory_length=L, memory_gradients=memory_gradients, query_position=query_position)
+    options.update(positional_values=positional_values)
     config = small_config(options, n_workers=N, worker_steps=T, sequence_length=4, n_mini_batch=3, memory_dtype=memory_dtype)
     return ActorCriticModel(config, (OBS,), [3, 2], path)
 
@@ -189,3 +190,25 @@ def test_query_position_with_memory_gradients_reproduces_the_rollout() -> None:
         with torch.no_grad():
             out = model(minibatch.obs, minibatch.memory)
         torch.testing.assert_close(out.value, minibatch.values, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("positional_encoding,layer_norm", [("relative", "pre"), ("learned", "post"), ("relative", "")])
+def test_positions_in_keys_only_paths_agree_and_change_the_output(positional_encoding: str, layer_norm: str) -> None:
+    def model(path: str, positional_values: bool = False) -> ActorCriticModel:
+        return make_model(
+            positional_encoding, layer_norm, False, path, query_position=True, positional_values=positional_values
+        )
+
+    models = {path: model(path) for path in ("fast", "plain")}
+    torch.manual_seed(1)
+    buffer, fast = rollouts(models["fast"])
+    torch.manual_seed(1)
+    _, plain = rollouts(models["plain"])
+    for a, b in zip(fast, plain, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    for minibatch in buffer.minibatches(3, 4, torch.Generator().manual_seed(0)):
+        out, log_probs, _, _ = compare_paths(models, minibatch)
+        torch.testing.assert_close(out.value.detach(), minibatch.values, rtol=1e-5, atol=1e-5)
+    torch.manual_seed(1)
+    _, with_values = rollouts(model("fast", positional_values=True))
+    assert not torch.allclose(torch.stack(fast[1:]), torch.stack(with_values[1:]))
