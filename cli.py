@@ -64,9 +64,13 @@ def parse_args(doc: str, argv: list[str] | None = None) -> dict:
     """docopt's parse of ``argv`` (default: the command line), but a wrong command line exits with code 2 and says
     what is wrong: an unknown flag is named, with the closest flag of the usage text (difflib).
 
-    ``--help`` prints the usage text and exits 0, as docopt does.
+    ``--help`` prints the usage text, without the options marked "(internal)", and exits 0.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
+    if any(argument in ("-h", "--help") for argument in argv):
+        # Option lines marked "(internal)" (and their continuation lines) are for the scripts' own use, not the reader.
+        print(public_help(doc).strip("\n"))
+        raise SystemExit(0)
     try:
         return docopt(doc, argv)
     except DocoptExit as error:
@@ -82,6 +86,20 @@ def parse_args(doc: str, argv: list[str] | None = None) -> dict:
             message += f"\n{usage}\n(python {program} --help explains every flag)"
         print(message, file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def public_help(doc: str) -> str:
+    """The usage text without the option lines whose description starts with "(internal)"."""
+    lines, hiding = [], False
+    for line in doc.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("-"):
+            hiding = "(internal)" in line
+        elif not stripped or not line.startswith(" " * 4):
+            hiding = False
+        if not hiding:
+            lines.append(line)
+    return "\n".join(lines)
 
 
 def shipped_path(path: str) -> str:

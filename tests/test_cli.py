@@ -401,3 +401,16 @@ def test_random_play_repeats_with_its_seed_and_does_not_solve_the_task(capsys: p
 def test_random_play_refuses_what_it_cannot_use(argv: list[str], message: str, capsys: pytest.CaptureFixture) -> None:
     assert enjoy.main([*argv, "--no-render"]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_help_hides_internal_flags(capsys: pytest.CaptureFixture) -> None:
+    import benchmark
+    from cli import parse_args
+
+    with pytest.raises(SystemExit) as exit_code:
+        parse_args(benchmark.__doc__, ["--help"])
+    shown = capsys.readouterr().out
+    assert exit_code.value.code == 0
+    assert "--child" not in shown and "--overrides" not in shown and "(internal)" not in shown
+    assert "--gpu-check" in shown and "--cpu" in shown and "Each path runs in its own process" in shown
+    assert parse_args(benchmark.__doc__, ["--child=fast"])["--child"] == "fast"  # still accepted
