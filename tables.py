@@ -37,7 +37,10 @@ def load_experiment(experiment: str) -> tuple[dict, list[dict]]:
 
 
 def value(number: float, metric: str) -> str:
-    return f"{number:.2f}" if metric == "success" else f"{number:.4g}"
+    """A success rate with 2 decimals; a reward with one decimal from 100 on, else 3 (0.594, -0.145, 187.9)."""
+    if metric == "success":
+        return f"{number:.2f}"
+    return f"{number:.1f}" if abs(number) >= 100 else f"{number:.3f}"
 
 
 def result(summary: dict) -> str:
