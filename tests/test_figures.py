@@ -46,9 +46,13 @@ def test_episode_start_has_no_visible_cells() -> None:
 def test_eval_video_reaches_tensorboard(tmp_path: str) -> None:
     config = small_config(updates=1, eval_interval=1, eval_episodes=1, eval_video=True)
     PPOTrainer(config, "video", torch.device("cpu"), models_dir=str(tmp_path), summaries_dir=str(tmp_path)).run()
-    (events,) = glob.glob(f"{tmp_path}/video/*/events.out.tfevents.*")
+    files = glob.glob(f"{tmp_path}/video/*/events.out.tfevents.*")  # the run's and, at its end, the HParams'
     videos = [
-        value for event in EventFileLoader(events).Load() for value in event.summary.value if value.tag == "evaluation/episode"
+        value
+        for events in files
+        for event in EventFileLoader(events).Load()
+        for value in event.summary.value
+        if value.tag == "evaluation/episode"
     ]
     assert len(videos) == 1
     width, height, gif = videos[0].tensor.string_val
