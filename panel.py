@@ -136,9 +136,9 @@ def row(panel_id: str, task: str, memory: str) -> dict | None:
         "iqm": final["iqm"],
         "ci": [final["ci_low"], final["ci_high"]],
         "per_seed": final["per_seed"],
-        "threshold": steps["threshold"],
-        "reached": steps["reached"],
-        "steps_to_threshold_iqm": steps["iqm"],
+        "threshold": steps["threshold"],  # None for a reward without --threshold: then nothing was counted
+        "reached": steps.get("reached"),
+        "steps_to_threshold_iqm": steps.get("iqm"),
         "env_steps": max(seed["env_steps"] for seed in summary["per_seed"]) if summary["per_seed"] else None,
         "seconds_per_seed": round(float(np.median(seconds)), 1) if seconds else None,
         "failures": len(summary["failures"]),

@@ -74,3 +74,18 @@ def test_shipped_panel_holds_the_issue_tasks_with_every_memory() -> None:
     assert set(shipped["memories"]) == {"trxl", "gru", "lstm", "none"}
     assert {"poc", "cartpole", "minigrid", "mmg1", "mmg3"} <= set(shipped["tasks"])
     assert sum(task.startswith("popgym") for task in shipped["tasks"]) >= 2
+
+
+def test_a_reward_task_without_threshold_has_a_row(tmp_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A reward metric has no steps-to-threshold unless the panel names a threshold.
+    folder = os.path.join(tmp_path, "results", "panel", "p", "cartpole-gru")
+    os.makedirs(folder)
+    summary = {"metric": "reward", "finished_seeds": [], "per_seed": [], "failures": [], "command": "c",
+               "final": {"iqm": 150.0, "ci_low": 140.0, "ci_high": 160.0, "per_seed": [150.0]},
+               "steps_to_threshold": {"threshold": None}}  # fmt: skip
+    with open(os.path.join(folder, "summary.json"), "w") as file:
+        json.dump(summary, file)
+    monkeypatch.chdir(tmp_path)
+    entry = panel.row("p", "cartpole", "gru")
+    assert entry["threshold"] is None and entry["reached"] is None and entry["iqm"] == 150.0
+    assert "| cartpole | gru | reward |" in panel.table([entry], "p")
