@@ -196,7 +196,7 @@ def training_seconds(config: dict, summary_dir: str) -> float | None:
     rates = read_scalars(summary_dir, "training/sps")
     if not rates:
         return None
-    return round(sum(config["n_workers"] * config["worker_steps"] / rate for rate in rates.values() if rate > 0), 1)
+    return round(sum(config["n_workers"] * config["worker_steps"] / rate for rate in rates.values() if rate > 0), 3)
 
 
 def plan(run: Seed, config: dict) -> None:

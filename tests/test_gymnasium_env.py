@@ -159,7 +159,8 @@ def test_render_modes_follow_the_env_metadata() -> None:
         ({**TOY, "id": 3}, ["environment.id = 3"]),
         ({**TOY, "id": "toy_env:ToyCeu-v0"}, ["environment.id", "ToyCeu-v0", "not a registered", "did you mean 'ToyCue-v0'"]),
         ({**TOY, "id": "CartPol-v1"}, ["environment.id", "did you mean 'CartPole-v1'", "module:Name-v0"]),
-        ({**TOY, "id": "ALE/Pong-v5"}, ["'ale_py:ALE/Pong-v5'", "type: Atari, game: Pong"]),
+        # An ALE id without its module (unregistered whether or not an earlier test imported ale_py).
+        ({**TOY, "id": "ALE/NoSuchGame-v5"}, ["'ale_py:ALE/NoSuchGame-v5'", "type: Atari, game: NoSuchGame"]),
         ({**TOY, "id": "no_such_module_xyz:Foo-v0"}, ["environment.id", "no_such_module_xyz", "ModuleNotFoundError"]),
         (
             {**TOY, "id": "toy_env:ToyBoxAction-v0"},
