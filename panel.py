@@ -140,7 +140,7 @@ def row(panel_id: str, task: str, memory: str) -> dict | None:
         "reached": steps.get("reached"),
         "steps_to_threshold_iqm": steps.get("iqm"),
         "env_steps": max(seed["env_steps"] for seed in summary["per_seed"]) if summary["per_seed"] else None,
-        "seconds_per_seed": round(float(np.median(seconds)), 1) if seconds else None,
+        "seconds_per_seed": round(float(np.median(seconds)), 3) if seconds else None,
         "failures": len(summary["failures"]),
         "command": summary["command"],
     }
