@@ -54,7 +54,12 @@ MODELS_DIR, SUMMARIES_DIR = "models", "summaries"  # relative to the current fol
 # (worker_steps may change: the checkpoint holds only the last memory_length steps of the trace, which any T carries.)
 STATE_KEYS = ("memory", "transformer.memory_length", "n_workers", "memory_dtype", "environment")
 # Keys that change what the saved parameters mean without changing their shapes.
-MEANING_KEYS = ("transformer.num_heads", "transformer.positional_encoding", "transformer.query_position")
+MEANING_KEYS = (
+    "transformer.num_heads",
+    "transformer.positional_encoding",
+    "transformer.query_position",
+    "transformer.positional_values",
+)
 
 
 def check_writable(folder: str) -> None:

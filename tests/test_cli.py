@@ -319,6 +319,7 @@ def test_new_run_uses_the_fast_memory_path_by_default(
         ("memory=gru", "memory 'trxl' -> 'gru'"),
         ("reconstruction_coefficient=0.1", "reconstruction_coefficient 0.0 -> 0.1"),
         ("transformer.positional_encoding=", "transformer.positional_encoding"),
+        ("transformer.positional_values=true", "transformer.positional_values"),
         ("transformer.num_heads=4", "transformer.num_heads"),
     ],
 )
