@@ -481,15 +481,21 @@ def apply_overrides(raw: dict, overrides: dict[str, Any]) -> dict:
     return raw
 
 
-def load_config(path: str, overrides: dict[str, Any] | None = None) -> Config:
-    """Read a YAML config file, apply ``overrides`` ({dotted key: value}), validate it and return a ``Config``."""
+def read_yaml(path: str, what: str, hint: str = "") -> Any:
+    """The content of the YAML file ``path``; ConfigError naming it as ``what`` ("config file", "search file", ...)
+    where it is missing (followed by ``hint``) or not valid YAML."""
     if not os.path.isfile(path):
-        raise ConfigError(f"config file '{path}' does not exist: pass an existing YAML file, e.g. configs/poc_memory_env.yaml")
+        raise ConfigError(f"{what} '{path}' does not exist{hint}")
     with open(path) as file:
         try:
-            raw = yaml.safe_load(file)
+            return yaml.safe_load(file)
         except yaml.YAMLError as error:
-            raise ConfigError(f"config file '{path}' is not valid YAML: {error}") from None
+            raise ConfigError(f"{what} '{path}' is not valid YAML: {error}") from None
+
+
+def load_config(path: str, overrides: dict[str, Any] | None = None) -> Config:
+    """Read a YAML config file, apply ``overrides`` ({dotted key: value}), validate it and return a ``Config``."""
+    raw = read_yaml(path, "config file", ": pass an existing YAML file, e.g. configs/poc_memory_env.yaml")
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):

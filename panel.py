@@ -45,10 +45,10 @@ import os
 import sys
 
 import numpy as np
-import yaml
 
 import experiment
 from cli import parse_args
+from config import read_yaml
 from train import config_path
 
 PANEL_DIR = os.path.join("results", "panel")
@@ -60,13 +60,7 @@ class PanelError(ValueError):
 
 def load_panel(path: str) -> dict:
     """The panel file, checked: seeds, memories and tasks with existing configs."""
-    if not os.path.isfile(path):
-        raise PanelError(f"panel file '{path}' does not exist (configs/panels/memories.yaml is the shipped one)")
-    with open(path) as file:
-        try:
-            panel = yaml.safe_load(file)
-        except yaml.YAMLError as error:
-            raise PanelError(f"panel file '{path}' is not valid YAML: {error}") from None
+    panel = read_yaml(path, "panel file", " (configs/panels/memories.yaml is the shipped one)")
     if not isinstance(panel, dict) or set(panel) - {"seeds", "eval_episodes", "memories", "tasks"}:
         raise PanelError(f"panel file '{path}': give the keys seeds, eval_episodes, memories and tasks (see --help)")
     for key in ("seeds", "memories", "tasks"):

@@ -56,7 +56,7 @@ import yaml
 
 from aggregation import interquartile_mean
 from cli import ROOT, parse_args
-from config import ConfigError, apply_overrides, parse_overrides, validate_config
+from config import ConfigError, apply_overrides, parse_overrides, read_yaml, validate_config
 from experiment import check_run_id, child_environment, cpu_cores, number
 from train import config_path
 
@@ -73,25 +73,18 @@ class SearchError(ValueError):
     """The search file is missing, malformed or names a key the config does not take."""
 
 
-def read_yaml(path: str, what: str) -> dict:
-    if not os.path.isfile(path):
-        raise SearchError(f"{what} '{path}' does not exist")
-    with open(path) as file:
-        try:
-            raw = yaml.safe_load(file)
-        except yaml.YAMLError as error:
-            raise SearchError(f"{what} '{path}' is not valid YAML: {error}") from None
+def read_mapping(path: str, what: str, example: str) -> dict:
+    """A YAML file that must hold a non-empty mapping (``example`` shows one in the error)."""
+    raw = read_yaml(path, what)
     if not isinstance(raw, dict) or not raw:
-        raise SearchError(
-            f"{what} '{path}' must be a mapping, e.g. 'learning_rate_schedule.initial: {{low: 1e-4, high: 1e-3}}'"
-        )
+        raise SearchError(f"{what} '{path}' must be a mapping, e.g. {example}")
     return raw
 
 
 def load_search(path: str, base: dict) -> dict[str, dict]:
     """The search space of ``path``, checked: every spec is a range or a list of choices, and every value it can take
     (both ends of a range, each choice) gives a valid config on top of ``base`` (the raw config with --set)."""
-    space = read_yaml(path, "search file")
+    space = read_mapping(path, "search file", "'learning_rate_schedule.initial: {low: 1e-4, high: 1e-3}'")
     for key, spec in space.items():
         where = f"search file '{path}', key '{key}'"
         if not isinstance(spec, dict) or not spec:
@@ -377,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_run_id(args["--study"])
         path = config_path(args["--config"])
-        raw = read_yaml(path, "config file")
+        raw = read_mapping(path, "config file", "'updates: 100' (see configs/)")
         base = apply_overrides(raw, parse_overrides(list(args["--set"])))
         if "eval_interval" not in parse_overrides(list(args["--set"])):
             base["eval_interval"] = 0
