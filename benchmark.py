@@ -45,6 +45,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -108,7 +109,7 @@ def count_flops(trainer: PPOTrainer) -> float:
 def measure(config_path: str, overrides: dict, path: str, updates: int, device: torch.device) -> dict:
     """Time ``updates`` updates of one memory path (after one warm-up update) in this process."""
     config = load_config(config_path, {**overrides, "eval_interval": 0})
-    folder = tempfile.mkdtemp(prefix="benchmark-")
+    folder = tempfile.mkdtemp(prefix="benchmark-")  # the run's model and summaries, removed afterwards
     trainer = PPOTrainer(config, "benchmark", device, 0, path, models_dir=folder, summaries_dir=folder)
     try:
         trainer.rollout()
@@ -128,6 +129,7 @@ def measure(config_path: str, overrides: dict, path: str, updates: int, device: 
             train_s += time.perf_counter() - middle
     finally:
         trainer.close()
+        shutil.rmtree(folder, ignore_errors=True)
     steps = updates * config.n_workers * config.worker_steps
     overall = steps / (rollout_s + train_s)
     peak = matmul_peak_gflops(device)

@@ -16,8 +16,8 @@ size for TrXL and GRU.
 from __future__ import annotations
 
 import json
+import math
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -25,6 +25,7 @@ import time
 
 import torch
 
+from benchmark import measure
 from cli import ROOT
 from config import load_config
 from model import ActorCriticModel
@@ -123,7 +124,7 @@ def finite_updates(device: torch.device, folder: str, **overrides: object) -> tu
             losses.append(stats["policy_loss"] + stats["value_loss"])
     finally:
         run.close()
-    return all(map(lambda x: x == x and abs(x) != float("inf"), losses)), {"losses": [round(x, 5) for x in losses]}
+    return all(map(math.isfinite, losses)), {"losses": [round(x, 5) for x in losses]}
 
 
 def compiled(device: torch.device, folder: str) -> tuple[bool, dict]:
@@ -156,39 +157,17 @@ def torchrun(device: torch.device, folder: str) -> tuple[bool, dict]:
     }
 
 
-def table(device: torch.device, folder: str, sizes: list[tuple[int, int]]) -> list[dict]:
-    """Steps/s and peak memory of the Mortar Mayhem Grid config for TrXL and GRU at each (workers, steps) size."""
+def table(device: torch.device, sizes: list[tuple[int, int]]) -> list[dict]:
+    """Steps/s and peak memory of the Mortar Mayhem Grid config for TrXL and GRU at each (workers, steps) size: one
+    update after a warm-up one, as benchmark.py measures a path."""
     rows = []
     for workers, steps in sizes:
         for memory in ("trxl", "gru"):
-            overrides = {"n_workers": workers, "worker_steps": steps, "memory": memory, "eval_interval": 0, "n_mini_batch": 8}
-            overrides["sequence_length"] = 0
-            config = load_config(TABLE_CONFIG, overrides)
-            run = PPOTrainer(config, "gpu-check-table", device, 0, "fast", models_dir=folder, summaries_dir=folder)
-            try:
-                run.rollout()
-                run.learner.optimize(run.buffer, run.update)  # warm-up
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                    torch.cuda.reset_peak_memory_stats(device)
-                start = time.perf_counter()
-                run.rollout()
-                run.learner.optimize(run.buffer, run.update)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                seconds = time.perf_counter() - start
-            finally:
-                run.close()
-            peak = (
-                torch.cuda.max_memory_allocated(device) / 2**20
-                if device.type == "cuda"
-                else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-            )
-            rows.append({"memory": memory, "workers": workers, "steps": steps, "sps": round(workers * steps / seconds, 1),
-                         "peak_mb": round(peak, 1)})  # fmt: skip
-            print(
-                f"  {memory:4s} {workers:3d} x {steps:4d}: {rows[-1]['sps']:9.1f} steps/s, peak {rows[-1]['peak_mb']:8.1f} MB"
-            )
+            size = {"n_workers": workers, "worker_steps": steps, "n_mini_batch": 8, "sequence_length": 0}
+            result = measure(TABLE_CONFIG, {**size, "memory": memory}, "fast", 1, device)
+            sps, peak = round(result["overall_sps"], 1), round(result.get("peak_cuda_mb", result["peak_rss_mb"]), 1)
+            rows.append({"memory": memory, "workers": workers, "steps": steps, "sps": sps, "peak_mb": peak})
+            print(f"  {memory:4s} {workers:3d} x {steps:4d}: {sps:9.1f} steps/s, peak {peak:8.1f} MB")
     return rows
 
 
@@ -216,8 +195,7 @@ def run_checks(device: torch.device, sizes: list[tuple[int, int]]) -> dict:
                 checks[check], details[check] = False, {"error": f"{type(error).__name__}: {error}"}
         print(f"  {check:20s} {'ok' if checks[check] else 'FAILED'}  {json.dumps(details[check])}", flush=True)
     print(f"steps/s and peak memory, {os.path.relpath(TABLE_CONFIG, ROOT)}:", flush=True)
-    with tempfile.TemporaryDirectory(prefix="gpu-check-") as folder:
-        rows = table(device, folder, sizes)
+    rows = table(device, sizes)
     return {
         "device": name,
         "torch": torch.__version__,
