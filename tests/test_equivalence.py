@@ -162,10 +162,9 @@ def test_memory_gradients_same_outputs_and_gradients_reach_earlier_steps(
         torch.testing.assert_close(grads[True][:, -1], grads[False][:, -1], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("positional_encoding,layer_norm", itertools.product(["relative", "learned"], ["", "pre", "post"]))
-def test_query_position_paths_agree_and_change_the_output(positional_encoding: str, layer_norm: str) -> None:
-    # The query's own step reaches the rollout's cached path, the plain windows and both training paths alike.
-    models = {path: make_model(positional_encoding, layer_norm, True, path, query_position=True) for path in ("fast", "plain")}
+def rollouts_and_training_agree(models: dict[str, ActorCriticModel]) -> list[torch.Tensor]:
+    """Assert that the fast and the plain model (same weights) give the same rollouts, and that training on both paths
+    agrees and reproduces the rollout; returns the fast rollout's per-step outputs."""
     torch.manual_seed(1)
     buffer, fast = rollouts(models["fast"])
     torch.manual_seed(1)
@@ -176,6 +175,14 @@ def test_query_position_paths_agree_and_change_the_output(positional_encoding: s
         out, log_probs, _, _ = compare_paths(models, minibatch)
         torch.testing.assert_close(out.value.detach(), minibatch.values, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(log_probs.detach(), minibatch.log_probs, rtol=1e-5, atol=1e-5)
+    return fast
+
+
+@pytest.mark.parametrize("positional_encoding,layer_norm", itertools.product(["relative", "learned"], ["", "pre", "post"]))
+def test_query_position_paths_agree_and_change_the_output(positional_encoding: str, layer_norm: str) -> None:
+    # The query's own step reaches the rollout's cached path, the plain windows and both training paths alike.
+    models = {path: make_model(positional_encoding, layer_norm, True, path, query_position=True) for path in ("fast", "plain")}
+    fast = rollouts_and_training_agree(models)
     # Same weights without the query's position: the same first steps (nothing visible), other values later.
     torch.manual_seed(1)
     _, without = rollouts(make_model(positional_encoding, layer_norm, True))
@@ -199,16 +206,7 @@ def test_positions_in_keys_only_paths_agree_and_change_the_output(positional_enc
             positional_encoding, layer_norm, False, path, query_position=True, positional_values=positional_values
         )
 
-    models = {path: model(path) for path in ("fast", "plain")}
-    torch.manual_seed(1)
-    buffer, fast = rollouts(models["fast"])
-    torch.manual_seed(1)
-    _, plain = rollouts(models["plain"])
-    for a, b in zip(fast, plain, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-    for minibatch in buffer.minibatches(3, 4, torch.Generator().manual_seed(0)):
-        out, log_probs, _, _ = compare_paths(models, minibatch)
-        torch.testing.assert_close(out.value.detach(), minibatch.values, rtol=1e-5, atol=1e-5)
+    fast = rollouts_and_training_agree({path: model(path) for path in ("fast", "plain")})
     torch.manual_seed(1)
     _, with_values = rollouts(model("fast", positional_values=True))
     assert not torch.allclose(torch.stack(fast[1:]), torch.stack(with_values[1:]))
