@@ -203,9 +203,11 @@ class PPOLearner:
         explained = (1 - (returns - values).var() / variance).item() if variance > 0 else float("nan")
         result = {key: float(np.mean(value)) for key, value in stats.items()}
         advantages = buffer.advantages
+        value_mean, return_mean, advantage_mean, advantage_std = torch.stack(
+            [values.mean(), returns.mean(), advantages.mean(), advantages.std()]
+        ).tolist()  # one host copy
         result.update(
-            value_mean=values.mean().item(), return_mean=returns.mean().item(), advantage_mean=advantages.mean().item(),
-            advantage_std=advantages.std().item(),
+            value_mean=value_mean, return_mean=return_mean, advantage_mean=advantage_mean, advantage_std=advantage_std,
             explained_variance=explained, learning_rate=learning_rate, entropy_coefficient=beta, clip_range=clip_range,
             gradient_steps=steps, kl_stop=float(stopped),
         )  # fmt: skip

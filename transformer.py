@@ -276,6 +276,8 @@ class Transformer(nn.Module):
         weights = [] if return_weights else None
         attention_mask = AttentionMask.build(mask)
         query = self.config.query_position and self.config.positional_encoding
+        if query and query_steps is None:
+            raise ValueError("transformer.query_position needs the episode step of each query: pass query_steps")
         query_positions = self.position_encoding(query_steps) if query else None  # (B, Q, K, D)
         for i, block in enumerate(self.blocks):
             tokens.append(h)

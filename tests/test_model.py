@@ -159,3 +159,10 @@ def test_memory_length_one_reaches_back_one_step_per_block(positional_encoding: 
         changed[steps - 1 - back] += 1.0
         same = torch.allclose(last_value(changed), last_value(base))
         assert same == (back > blocks), f"a change {back} steps back, {blocks} blocks"
+
+
+def test_query_position_without_query_steps_is_a_clear_error() -> None:
+    model = ActorCriticModel(small_config({"positional_encoding": "relative", "query_position": True}), (3,), [3])
+    memory, steps, visible = torch.zeros(2, 4, 2, 16), torch.zeros(2, 4, dtype=torch.long), torch.ones(2, 4, dtype=torch.bool)
+    with pytest.raises(ValueError, match="query_steps"):
+        model.memory.forward_windows(torch.rand(2, 16), memory, steps, visible)
