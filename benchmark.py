@@ -58,8 +58,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import observations
 from cli import parse_args, shipped_path
-from config import MEMORY_TYPES, ConfigError, load_config, parse_overrides
-from memory import check_memory_path
+from config import MEMORY_TYPES, ConfigError, check_memory_path, load_config, parse_overrides
 from model import ActorCriticModel
 from ppo import forward_minibatch
 from trainer import PPOTrainer
@@ -89,8 +88,7 @@ def count_flops(trainer: PPOTrainer) -> float:
     state.load_state_dict(collector.state.state_dict())
     model.memory.sync(state)  # the K/V cache is made once per rollout, not per step
     with FlopCounterMode(display=False) as counter, torch.no_grad():
-        out = model.step(collector.obs, state)
-        model.memory.commit(state, out.record)
+        model.act(collector.obs, state, lambda policy: policy.sample())
     rollout = counter.get_total_flops() / config.n_workers
     minibatches = trainer.buffer.minibatches(
         config.n_mini_batch, config.sequence_length, torch.Generator(), config.minibatch_sampling
@@ -171,8 +169,7 @@ def long_episode(config_path: str, overrides: dict, steps: int, device: torch.de
     window_start = time.perf_counter()
     with torch.no_grad():
         for step in range(1, steps + 1):
-            out = model.step(obs, state)
-            model.memory.commit(state, out.record)
+            model.act(obs, state, lambda policy: policy.sample())
             if step % 1000 == 0 or step in marks:
                 if device.type == "cuda":
                     torch.cuda.synchronize()

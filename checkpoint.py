@@ -23,6 +23,7 @@ import torch
 import observations
 from action_spec import ActionSpec
 from config import Config, ConfigError, validate_config, with_saved_defaults
+from distributed import SINGLE, Ranks, gather_to_main
 from memory import MemoryState, MemoryTrace
 from model import ActorCriticModel
 
@@ -130,10 +131,28 @@ def snapshot_training(
     workers_state: list[dict],
     memory_state: MemoryState,
     trace: MemoryTrace,
-) -> dict:
-    """Everything a resumed run needs, copied (the model keeps training after this); ``restore_training`` reads it."""
+    ranks: Ranks = SINGLE,
+) -> dict | None:
+    """Everything a resumed run needs, copied (the model keeps training after this); ``restore_training`` reads it.
+
+    With ``ranks`` of several processes each holds its own workers, memory and GPU generator: they are gathered on
+    rank 0, which returns the snapshot of all of them; the other ranks return None.
+    """
     cuda = next(model.parameters()).device.type == "cuda"
-    return {
+    shards = None
+    if ranks.distributed:
+        shard = {  # state_dict() gives CPU copies
+            "workers": workers_state,
+            "memory": memory_state.state_dict(),
+            "trace": trace.state_dict(),
+            # Each rank samples on its own GPU, whose generator only that rank's process knows.
+            "cuda_rng": torch.cuda.get_rng_state(next(model.parameters()).device) if cuda else None,
+        }
+        shards = gather_to_main(shard, ranks)
+        if shards is None:
+            return None
+        workers_state = [state for shard in shards for state in shard["workers"]]
+    snapshot = {
         "kind": "checkpoint",
         "model": {key: value.detach().cpu().clone() for key, value in model.state_dict().items()},
         "optimizer": copy.deepcopy(optimizer.state_dict()),
@@ -156,6 +175,14 @@ def snapshot_training(
         "memory": memory_state.state_dict(),
         "trace": trace.state_dict(),
     }
+    if shards is not None:
+        snapshot.update(
+            world_size=ranks.world,
+            memory=[shard["memory"] for shard in shards],
+            trace=[shard["trace"] for shard in shards],
+            cuda_rng=[shard["cuda_rng"] for shard in shards],
+        )
+    return snapshot
 
 
 def restore_training(

@@ -23,6 +23,53 @@ class ConfigError(ValueError):
     """A configuration value is missing, unknown or out of range."""
 
 
+MEMORY_PATHS = ("fast", "plain")  # the TrXL memory's two implementations (trxl_memory.py)
+
+
+def check_memory_rules(
+    memory: str, memory_gradients: bool, sampling: str, path: str | None = None, flag: str = "--memory-path"
+) -> None:
+    """The rules that tie the memory, the gradient into it, the minibatch sampling and the TrXL memory path together,
+    kept here only: the config's validation, the memory's construction and the commands that choose a path ask them.
+
+    Args:
+        memory: the config's ``memory``.
+        memory_gradients: ``transformer.memory_gradients`` (TrXL only).
+        sampling: ``minibatch_sampling``, "chunks" or "steps".
+        path: the memory path, "fast" or "plain", or None to check the config alone.
+        flag: the command-line option that chose the path, for the message.
+
+    Raises:
+        ConfigError: naming the fix. The other memories have one way to run, which either path name selects.
+    """
+    trxl = memory == "trxl"
+    if sampling == "steps" and trxl and memory_gradients:
+        raise ConfigError(
+            "'transformer.memory_gradients' is true, which needs minibatches of consecutive steps, but "
+            "'minibatch_sampling' is 'steps': set minibatch_sampling to chunks or transformer.memory_gradients to false"
+        )
+    if sampling == "steps" and memory in ("gru", "lstm"):
+        raise ConfigError(
+            f"'minibatch_sampling' is 'steps', but a {memory} memory learns through time only on sequences "
+            "(a single step trains from its stored state, so no gradient would reach earlier steps): set "
+            "minibatch_sampling to chunks"
+        )
+    if path is None:
+        return
+    if path not in MEMORY_PATHS:
+        raise ConfigError(f"{flag} '{path}' is unknown: use one of {', '.join(MEMORY_PATHS)}")
+    if trxl and memory_gradients and path != "fast":
+        raise ConfigError(
+            f"'transformer.memory_gradients' is true, which only the fast memory path implements: use {flag} fast "
+            "or set it to false"
+        )
+
+
+def check_memory_path(path: str, config: Config, flag: str = "--memory-path") -> None:
+    """``check_memory_rules`` for a validated config run on memory path ``path`` (chosen by ``flag``)."""
+    check_memory_rules(config.memory, config.transformer.memory_gradients, config.minibatch_sampling, path, flag)
+
+
 @dataclass(frozen=True)
 class Schedule:
     """Polynomial decay from ``initial`` to ``final`` over ``max_decay_steps`` updates."""
@@ -365,17 +412,7 @@ def validate_config(raw: Any) -> Config:
             f"the batch n_workers * worker_steps = {n * t} is not divisible by 'n_mini_batch' ({m}): "
             "change n_workers, worker_steps or n_mini_batch"
         )
-    if values["minibatch_sampling"] == "steps" and transformer.memory_gradients and trxl:
-        raise ConfigError(
-            "'transformer.memory_gradients' is true, which needs minibatches of consecutive steps, but "
-            "'minibatch_sampling' is 'steps': set minibatch_sampling to chunks or transformer.memory_gradients to false"
-        )
-    if values["minibatch_sampling"] == "steps" and values["memory"] in ("gru", "lstm"):
-        raise ConfigError(
-            f"'minibatch_sampling' is 'steps', but a {values['memory']} memory learns through time only on sequences "
-            "(a single step trains from its stored state, so no gradient would reach earlier steps): set "
-            "minibatch_sampling to chunks"
-        )
+    check_memory_rules(values["memory"], transformer.memory_gradients, values["minibatch_sampling"])
     if values["minibatch_sampling"] == "chunks":  # single steps need no chunk length: sequence_length stays unused
         if values["sequence_length"] == 0:
             values["sequence_length"] = auto_sequence_length(n, t, m)

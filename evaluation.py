@@ -1,6 +1,6 @@
 """Evaluation on unseen seeds, shared by the trainer and enjoy.py; summaries with IQM and bootstrap intervals.
 
-An episode steps through the model's memory exactly as a training rollout does (``Memory.step``/``commit``), so
+An episode steps through the model's memory exactly as a training rollout does (``ActorCriticModel.act``), so
 evaluation sees exactly the memory the agent was trained with. Seeds: episode k of an evaluation is reset with
 ``episode_seed(seed, 0, k, evaluation=True)``, which is odd, while training episodes get even seeds (worker.py); Memory
 Gym in addition draws evaluation episodes from task seeds outside its training range (start-seed .. start-seed +
@@ -20,6 +20,7 @@ from aggregation import bootstrap_ci, interquartile_mean, mean
 from config import Config
 from env_group import lanes_of, reset_lanes, step_lanes
 from environments import create_env
+from figures import attention_frame
 from model import ActorCriticModel
 from worker import episode_seed
 
@@ -77,10 +78,10 @@ def evaluate(
             state.end_episodes(torch.ones(lanes, dtype=torch.bool, device=device))
             step, ended, returns = 0, [], np.zeros(lanes)
             while not ended:
-                out = model.step(model.prepare(observations.stack(obs)), state, return_attention=attention)
-                actions = out.policy.sample(deterministic, generator)
-                weights = memory.attention_over_steps(state, out.attention) if attention else None
-                memory.commit(state, out.record)
+                prepared = model.prepare(observations.stack(obs))
+                actions, _, weights = model.act(
+                    prepared, state, lambda policy: policy.sample(deterministic, generator), attention
+                )
                 obs, rewards, _, _, ended = step_lanes(env, list(actions.cpu().numpy()))
                 returns += rewards
                 step += 1
@@ -92,6 +93,21 @@ def evaluate(
     finally:
         env.close()
     return results
+
+
+def record_episode(model: ActorCriticModel, config: Config, device: torch.device, seed: int = 0) -> list[np.ndarray]:
+    """Frames of the first evaluation episode of ``seed``, with the attention strips (figures.py) for the transformer
+    memory."""
+    frames = []
+    length = config.transformer.memory_length
+    attention = config.memory == "trxl"
+
+    def on_step(env: object, step: int, weights: list[np.ndarray] | None) -> None:
+        frame = env.render()
+        frames.append(frame if weights is None else attention_frame(frame, weights, length, 1, step))
+
+    evaluate(model, config, device, 1, seed, render_mode="rgb_array", on_step=on_step, attention=attention)
+    return frames
 
 
 def random_play(env_config: dict, episodes: int, seed: int = 0) -> list[dict[str, float]]:

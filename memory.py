@@ -13,6 +13,8 @@ Step by step (rollouts, bootstrap values, evaluation), one stream per worker::
     memory.commit(state, out.record)           # the step was taken: remember it and advance the episode step
     state.end_episodes(done)                   # (N,) workers whose episode ended start afresh
 
+(``ActorCriticModel.act`` is the one place the step, the choice of actions and the commit are written.)
+
 Over minibatches of sequence chunks (training), from what the rollout recorded::
 
     trace = memory.trace(n_workers, worker_steps, device)   # per worker, carried from rollout to rollout
@@ -48,8 +50,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from config import check_memory_path
+
 MEMORY_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-MEMORY_PATHS = ("fast", "plain")
 
 
 class MemoryOutput(NamedTuple):
@@ -133,7 +136,9 @@ class Memory(nn.Module, ABC):
     ) -> MemoryOutput:
         """Features (n, D) of the current step of workers ``index`` (all), whose embedded observations are h (n, D).
 
-        Changes nothing in ``state``: ``commit`` does, once the step is taken (bootstrap values only look).
+        Changes nothing in ``state``: ``commit`` does, once the step is taken (bootstrap values only look). The
+        record holds no view of ``state``: ``commit`` and ``end_episodes`` may change the state before the rollout
+        stores the record.
         """
 
     @abstractmethod
@@ -161,21 +166,6 @@ class Memory(nn.Module, ABC):
     def attention_over_steps(self, state: MemoryState, attention: list[torch.Tensor], row: int = 0) -> list[np.ndarray]:
         """Per block (H, V) attention of worker ``row``'s step over its V visible past steps, oldest first."""
         raise NotImplementedError(f"{type(self).__name__} has no attention to show")
-
-
-def check_memory_path(memory_path: str, config: object, flag: str = "--memory-path") -> None:
-    """Raise ValueError, naming the fix, for an unknown memory path or a config option the path does not implement.
-
-    ``flag`` is the command-line option that chose the path, for the message. The paths are the TrXL memory's; the
-    other memories have one way to run, which either name selects.
-    """
-    if memory_path not in MEMORY_PATHS:
-        raise ValueError(f"{flag} '{memory_path}' is unknown: use one of {', '.join(MEMORY_PATHS)}")
-    if config.memory == "trxl" and config.transformer.memory_gradients and memory_path != "fast":
-        raise ValueError(
-            "'transformer.memory_gradients' is true, which only the fast memory path implements: "
-            f"use {flag} fast or set it to false"
-        )
 
 
 def memory_input_dim(config: object) -> int | None:

@@ -14,6 +14,7 @@ for minibatches of sequence chunks and ``forward_steps`` for minibatches of sing
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -99,12 +100,33 @@ class ActorCriticModel(nn.Module):
     ) -> PolicyOutput:
         """Policy and value (n,) of the current step of workers ``index`` (all), observations (n, *obs_shape).
 
-        Leaves ``state`` as it is; ``self.memory.commit(state, out.record)`` remembers the step once it is taken.
+        Leaves ``state`` as it is (bootstrap values only look); ``act`` is the step that is taken and remembered.
         """
         with self.autocast():
             h = self.encoder(observations.apply(lambda x: x.unsqueeze(1), obs))[:, 0]  # (n, D)
             out = self.memory.step(h, state, index, return_attention)
         return self.heads(out, keep_features=False)
+
+    def act(
+        self,
+        obs: torch.Tensor,
+        state: MemoryState,
+        choose: Callable[[MultiCategorical | DiagonalGaussian], torch.Tensor],
+        attention: bool = False,
+    ) -> tuple[torch.Tensor, PolicyOutput, list[np.ndarray] | None]:
+        """One step of every worker by the memory's per-step protocol, written here only (rollouts, evaluation,
+        benchmark.py and the tests call it): the policy and value of the current step, observations (N, *obs_shape),
+        with each worker's memory; the actions (N, A) ``choose(policy)`` takes; then the step remembered
+        (``memory.commit``). What follows the environments' answer, ``state.end_episodes(done)``, is the caller's.
+
+        Returns the actions, the step's output and, with ``attention``, worker 0's attention per block over its
+        visible past steps, oldest first (``Memory.attention_over_steps``; read before the commit moves the ring).
+        """
+        out = self.step(obs, state, return_attention=attention)
+        actions = choose(out.policy)
+        weights = self.memory.attention_over_steps(state, out.attention) if attention else None
+        self.memory.commit(state, out.record)
+        return actions, out, weights
 
     def forward(self, obs: torch.Tensor, context: object) -> PolicyOutput:
         """Policy and values (B, C) of B chunks of C consecutive steps, observations (B, C, *obs_shape), with the

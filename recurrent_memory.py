@@ -166,7 +166,7 @@ class RecurrentMemory(Memory):
         self, h: torch.Tensor, state: RecurrentState, index: torch.Tensor | None = None, return_attention: bool = False
     ) -> MemoryOutput:
         rows = slice(None) if index is None else index
-        before = state.hidden[rows]
+        before = state.hidden[rows].clone()  # a copy: commit overwrites the state, the record keeps this step's start
         out, after = self._run(h.unsqueeze(1), before.float())
         record = RecurrentRecord(before, after.to(self.memory_dtype), state.fresh[rows].clone())
         return MemoryOutput(self._features(out[:, 0]), record, None)

@@ -94,10 +94,8 @@ class RolloutCollector:
 
     def policy_step(self, t: int) -> torch.Tensor:
         """Act on the current observations with the memory; store step t and remember it. Returns actions (N, A)."""
-        out = self.model.step(self.obs, self.state)
-        actions = out.policy.sample(rows=self.rows)
+        actions, out, _ = self.model.act(self.obs, self.state, lambda policy: policy.sample(rows=self.rows))
         self.buffer.record_step(t, self.obs, actions, out.policy.log_prob(actions), out.value, out.record)
-        self.model.memory.commit(self.state, out.record)
         return actions
 
     def record_outcome(self, t: int, result: StepResult) -> None:

@@ -20,12 +20,10 @@ import torch
 import observations
 from buffer import Buffer
 from checkpoint import Progress, atomic_save, restore_training, save_model, snapshot_training
-from config import Config, ConfigError
-from distributed import SINGLE, Ranks, all_gather, check_identical, gather_to_main
+from config import Config, ConfigError, check_memory_path
+from distributed import SINGLE, Ranks, all_gather, check_identical
 from environments import agents_per_env
-from evaluation import evaluate
-from figures import attention_frame
-from memory import check_memory_path
+from evaluation import evaluate, record_episode
 from model import ActorCriticModel
 from ppo import NonFiniteError, PPOLearner
 from rollout import RolloutCollector, RolloutStats
@@ -131,44 +129,16 @@ class PPOTrainer:
     def snapshot_state(self) -> dict | None:
         """The training state now, copied (checkpoint.snapshot_training); with several processes every rank's
         environment and memory state, gathered on rank 0 (None on the other ranks)."""
-        if not self.ranks.distributed:
-            return snapshot_training(
-                self.progress, self.config, self.model, self.learner.optimizer, self.learner.generator,
-                self.workers.state(), self.collector.state, self.buffer.trace,
-            )  # fmt: skip
-        shard = {  # state_dict() gives CPU copies
-            "workers": self.workers.state(),
-            "memory": self.collector.state.state_dict(),
-            "trace": self.buffer.trace.state_dict(),
-            # Each rank samples on its own GPU, whose generator only that rank's process knows.
-            "cuda_rng": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
-        }
-        shards = gather_to_main(shard, self.ranks)
-        if shards is None:
-            return None
-        snapshot = snapshot_training(
+        return snapshot_training(
             self.progress, self.config, self.model, self.learner.optimizer, self.learner.generator,
-            [state for shard in shards for state in shard["workers"]], self.collector.state, self.buffer.trace,
+            self.workers.state(), self.collector.state, self.buffer.trace, self.ranks,
         )  # fmt: skip
-        snapshot.update(
-            world_size=self.ranks.world,
-            memory=[shard["memory"] for shard in shards],
-            trace=[shard["trace"] for shard in shards],
-            cuda_rng=[shard["cuda_rng"] for shard in shards],
-        )
-        return snapshot
 
     def rollout(self) -> RolloutStats:
         """Collect one rollout into the buffer; with several processes, the finished episodes of all of them."""
         stats = self.collector.collect()
         self.progress.env_steps += self.config.n_workers * self.config.worker_steps
-        if self.ranks.distributed:
-            episodes: dict[str, list[float]] = {}
-            for part in all_gather(stats.episodes, self.ranks):
-                for key, values in part.items():
-                    episodes.setdefault(key, []).extend(values)
-            stats = RolloutStats(episodes)
-        return stats
+        return RolloutStats(merge_episodes(all_gather(stats.episodes, self.ranks))) if self.ranks.distributed else stats
 
     def log(self, episodes: dict[str, list[float]], stats: dict[str, float], rollout_s: float, optimize_s: float) -> str:
         """Write the summaries of the update in progress; returns its console line."""
@@ -186,29 +156,9 @@ class PPOTrainer:
         means = {key: float(np.mean([r[key] for r in results if key in r])) for key in results[0]}
         self.summaries.evaluation(self.progress.env_steps, means)
         if self.config.eval_video:
-            self.summaries.video("evaluation/episode", self.record_episode(), self.progress.env_steps)
+            frames = record_episode(self.model, self.config, self.device, EVALUATION_SEED)
+            self.summaries.video("evaluation/episode", frames, self.progress.env_steps)
         return means
-
-    def record_episode(self) -> list[np.ndarray]:
-        """Frames of the first evaluation episode, with the attention strips (figures.py) for the transformer memory."""
-        frames = []
-        length = self.config.transformer.memory_length
-        attention = self.config.memory == "trxl"
-
-        def on_step(env: object, step: int, weights: list[np.ndarray] | None) -> None:
-            frame = env.render()
-            frames.append(frame if weights is None else attention_frame(frame, weights, length, 1, step))
-
-        evaluate(
-            self.model, self.config, self.device, 1, EVALUATION_SEED, render_mode="rgb_array", on_step=on_step,
-            attention=attention,
-        )  # fmt: skip
-        return frames
-
-    def save_checkpoint(self, snapshot: dict | None) -> None:
-        """Write a snapshot to the checkpoint file, atomically (rank 0 only: the others hold None)."""
-        if snapshot is not None:
-            atomic_save(snapshot, self.checkpoint_path)
 
     def run(self, log_every: int = 1) -> dict[str, float]:
         """Train until ``updates``; returns the episode means of the last update in which episodes ended.
@@ -239,7 +189,7 @@ class PPOTrainer:
                     # tensor it moves, so gathering them after every update made rank 0 grow with each update.
                     self.snapshot = self.snapshot_state()
                 if due:
-                    self.save_checkpoint(self.snapshot)
+                    save_snapshot(self.snapshot, self.checkpoint_path)
                 last_means = episode_means or last_means
                 if self.ranks.main and config.compile and self.update == start_update + 1:
                     print(f"  the first update took {time.time() - tick:.0f}s, torch.compile's compilation included")
@@ -252,7 +202,7 @@ class PPOTrainer:
                     print(f"  evaluating {config.eval_episodes} unseen episodes ...", end="", flush=True)
                     evaluation = self.evaluate()
                     print(" " + "  ".join(f"{k} {v:.3f}" for k, v in evaluation.items() if k in ("reward", "success")))
-            self.save_checkpoint(self.snapshot)
+            save_snapshot(self.snapshot, self.checkpoint_path)
             if self.ranks.main:
                 save_model(self.model, config, self.model_path)
                 self.summaries.hparams(config.to_dict(), last_means, self.progress.env_steps)
@@ -266,33 +216,17 @@ class PPOTrainer:
 
     def _stop(self, error: BaseException) -> None:
         """Keep the last completed update on disk, then raise TrainingStopped explaining why and how to resume."""
-        known = {
-            KeyboardInterrupt: "interrupted",
-            WorkerError: "an environment worker failed",
-            NonFiniteError: "a non-finite loss or gradient",
-        }
         kept = "nothing (it stopped before the first update)"
         if not self.ranks.main:
             kept = "what rank 0 wrote"
         elif self.snapshot is not None:
-            self.save_checkpoint(self.snapshot)
+            save_snapshot(self.snapshot, self.checkpoint_path)
             model = ActorCriticModel(self.config, self.model.observation_shape, self.model.actions)
             model.load_state_dict(self.snapshot["model"])
             save_model(model, self.config, self.model_path)
             done = self.snapshot["update"]
             kept = f"{self.checkpoint_path} ({'no update completed yet' if done == 0 else f'after update {done}'})"
-        reason = known.get(type(error), f"an unexpected error ({type(error).__name__})")
-        where = f" on rank {self.ranks.rank} of {self.ranks.world}" if self.ranks.distributed else ""
-        if self.update < self.config.updates:
-            during = f"during update {self.update + 1} of {self.config.updates}"
-        else:  # every update is done: the final evaluation or the writing of the files was stopped
-            during = f"after the last update ({self.config.updates}), during the final evaluation or saving"
-        message = f"training stopped{where}: {reason} {during}"
-        if type(error) not in known:
-            # Not one of the expected ways to stop: show where it happened.
-            message += f"\n{''.join(traceback.format_exception(error)).rstrip()}"
-        elif not isinstance(error, KeyboardInterrupt):
-            message += f": {error}"
+        message = stop_message(error, self.ranks, self.update, self.config.updates)
         message += f"\nkept {kept}; continue with: python train.py --resume={self.checkpoint_path}"
         raise TrainingStopped(message) from error
 
@@ -301,6 +235,43 @@ class PPOTrainer:
         self.workers.close()
         if self.summaries is not None:
             self.summaries.close()
+
+
+def save_snapshot(snapshot: dict | None, path: str) -> None:
+    """Write a snapshot to the checkpoint file ``path``, atomically (rank 0 only: the others hold None)."""
+    if snapshot is not None:
+        atomic_save(snapshot, path)
+
+
+def merge_episodes(parts: list[dict[str, list[float]]]) -> dict[str, list[float]]:
+    """The finished episodes of several processes (metric name -> values) as one."""
+    episodes: dict[str, list[float]] = {}
+    for part in parts:
+        for key, values in part.items():
+            episodes.setdefault(key, []).extend(values)
+    return episodes
+
+
+def stop_message(error: BaseException, ranks: Ranks, update: int, updates: int) -> str:
+    """Why and when training stopped, with the traceback of an unexpected error (``update`` updates completed)."""
+    known = {
+        KeyboardInterrupt: "interrupted",
+        WorkerError: "an environment worker failed",
+        NonFiniteError: "a non-finite loss or gradient",
+    }
+    reason = known.get(type(error), f"an unexpected error ({type(error).__name__})")
+    where = f" on rank {ranks.rank} of {ranks.world}" if ranks.distributed else ""
+    if update < updates:
+        during = f"during update {update + 1} of {updates}"
+    else:  # every update is done: the final evaluation or the writing of the files was stopped
+        during = f"after the last update ({updates}), during the final evaluation or saving"
+    message = f"training stopped{where}: {reason} {during}"
+    if type(error) not in known:
+        # Not one of the expected ways to stop: show where it happened.
+        message += f"\n{''.join(traceback.format_exception(error)).rstrip()}"
+    elif not isinstance(error, KeyboardInterrupt):
+        message += f": {error}"
+    return message
 
 
 def check_ranks(config: Config, ranks: Ranks) -> None:

@@ -50,7 +50,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from config import TransformerConfig
+from config import TransformerConfig, check_memory_rules
 from memory import Memory, MemoryOutput, MemoryState, MemoryTrace
 from transformer import KeyValueSource, Transformer
 
@@ -319,10 +319,7 @@ class TrXLMemory(Memory):
 
     def __init__(self, config: TransformerConfig, memory_dtype: torch.dtype = torch.float32, path: str = "fast") -> None:
         super().__init__()
-        if path not in ("fast", "plain"):
-            raise ValueError(f"memory path '{path}' is unknown: use fast or plain")
-        if config.memory_gradients and path != "fast":
-            raise ValueError("'transformer.memory_gradients' is true, which only the fast memory path implements")
+        check_memory_rules("trxl", config.memory_gradients, "chunks", path)
         self.config = config
         self.memory_dtype = memory_dtype
         self.path = path
@@ -358,7 +355,8 @@ class TrXLMemory(Memory):
             keys_values = [(k[rows, :, :span], v[rows, :, :span]) for k, v in state.keys_values]
             mask = mask[..., :span]
         out, tokens, weights = self.transformer(h.unsqueeze(1), keys_values, mask, return_attention, steps.unsqueeze(1))
-        return MemoryOutput(out[:, 0], TrXLRecord(tokens[:, 0], steps, state.episode_ids[rows]), weights)
+        # Copies: commit and end_episodes change the state in place, the record keeps this step's.
+        return MemoryOutput(out[:, 0], TrXLRecord(tokens[:, 0], steps.clone(), state.episode_ids[rows].clone()), weights)
 
     @torch.no_grad()
     def commit(self, state: TrXLState, record: TrXLRecord) -> None:
@@ -412,10 +410,7 @@ class TrXLMemory(Memory):
         Fast: each row's L + T trace slots are projected once and its Q queries attend to their windows in one call
         per block. Plain: every step's window is cut out of the trace and projected on its own.
         """
-        if self.config.memory_gradients:
-            raise ValueError(
-                "'transformer.memory_gradients' needs minibatches of consecutive steps: use minibatch_sampling chunks"
-            )
+        check_memory_rules("trxl", self.config.memory_gradients, "steps", self.path)
         if self.path == "fast":
             keys_values = self.transformer.project_memory(context.memory, context.steps)
             out, tokens, _ = self.transformer(h, keys_values, context.mask, query_steps=context.query_steps)

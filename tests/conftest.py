@@ -68,27 +68,75 @@ def resume_matches_uninterrupted(tmp_path: str, **overrides: object) -> dict:
     return checkpoint
 
 
+class RandomWorkers:
+    """A stand-in for ``worker.Workers`` without environments, so that tests drive ``rollout.RolloutCollector``'s own
+    loop: N single-agent lanes whose observations are uniform in [0, 1) with ``obs_shape`` ((F,), (C, H, W) or a dict
+    of them by key), whose rewards are normal, and whose episodes end at random (``end_rate`` per step and lane; a
+    ``truncate_share`` of the ends are time limits, with a final observation for the bootstrap value)."""
+
+    agents = 1
+
+    def __init__(
+        self, n: int, obs_shape: tuple | dict, seed: int = 0, end_rate: float = 0.15, truncate_share: float = 0.0
+    ) -> None:
+        import numpy as np
+
+        self.n, self.obs_shape, self.end_rate, self.truncate_share = n, obs_shape, end_rate, truncate_share
+        self.rng = np.random.default_rng(seed)
+
+    def observations(self) -> object:
+        """(N, *obs_shape) float32 observations, per key for a dict shape."""
+        import numpy as np
+
+        def draw(shape: tuple) -> np.ndarray:
+            return self.rng.random((self.n, *shape), dtype=np.float32)
+
+        if isinstance(self.obs_shape, dict):
+            return {key: draw(shape) for key, shape in self.obs_shape.items()}
+        return draw(self.obs_shape)
+
+    def reset(self) -> object:
+        return self.observations()
+
+    def step(self, actions: object) -> object:
+        import numpy as np
+
+        from env_group import StepResult
+
+        ends = self.rng.random(self.n) < self.end_rate
+        truncated = ends & (self.rng.random(self.n) < self.truncate_share)
+        last = self.observations()  # the episodes' final observations; the new ones start where episodes ended
+        final_obs = {
+            int(i): {key: value[i] for key, value in last.items()} if isinstance(last, dict) else last[i]
+            for i in np.flatnonzero(truncated)
+        }
+        rewards = self.rng.standard_normal(self.n).astype(np.float32)
+        return StepResult(self.observations(), rewards, ends & ~truncated, truncated, final_obs, [])
+
+
 def collect_random_rollout(
-    model: object, buffer: object, make_obs: object, seed: int = 0, end_rate: float = 0.15, n_rollouts: int = 1
-) -> None:
-    """Fill the buffer as rollout.RolloutCollector does, ``n_rollouts`` times with the memory carried on, with
-    observations ``make_obs(generator)`` (as the model prepares them) and random episode ends."""
+    model: object,
+    buffer: object,
+    obs_shape: tuple | dict,
+    seed: int = 0,
+    end_rate: float = 0.15,
+    n_rollouts: int = 1,
+    truncate_share: float = 0.3,
+) -> object:
+    """Fill the buffer with ``rollout.RolloutCollector`` itself, ``n_rollouts`` times with the memory carried on, on
+    ``RandomWorkers`` (random observations of ``obs_shape``, rewards and episode ends, some of them time limits).
+    Actions are sampled from torch's global generator, seeded here with ``seed``. Returns the collector."""
     import torch
 
-    generator = torch.Generator().manual_seed(seed)
-    n = buffer.n_workers
-    state = model.memory.start(n, torch.device("cpu"))
-    with torch.no_grad():
-        for _ in range(n_rollouts):
-            buffer.start_rollout()
-            model.memory.sync(state)
-            for step in range(buffer.worker_steps):
-                obs = make_obs(generator)
-                out = model.step(obs, state)
-                actions = out.policy.sample(generator=generator)
-                buffer.record_step(step, obs, actions, out.policy.log_prob(actions), out.value, out.record)
-                model.memory.commit(state, out.record)
-                state.end_episodes(torch.rand(n, generator=generator) < end_rate)
+    from rollout import RolloutCollector
+
+    torch.manual_seed(seed)
+    workers = RandomWorkers(buffer.n_workers, obs_shape, seed, end_rate, truncate_share)
+    collector = RolloutCollector(model, workers, buffer, 0.99, 0.95, torch.device("cpu"))
+    collector.start(workers.reset())
+    for _ in range(n_rollouts):
+        collector.collect()
+    return collector
 
 
 def assert_training_reproduces_the_rollout(model: object, buffer: object, sampling: str, chunk: int = 4) -> None:

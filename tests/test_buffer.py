@@ -30,9 +30,8 @@ def test_buffer_stores_images_as_uint8() -> None:
     with torch.no_grad():
         for t in range(4):
             obs = model.prepare(images.numpy())
-            out = model.step(obs, state)
+            _, out, _ = model.act(obs, state, lambda policy: policy.sample())
             buffer.record_step(t, obs, torch.zeros(2, 1), torch.zeros(2), torch.zeros(2), out.record)
-            model.memory.commit(state, out.record)
     minibatch = next(buffer.minibatches(1, 4, torch.Generator().manual_seed(0)))
     assert minibatch.obs.dtype == torch.uint8
     assert torch.equal(minibatch.obs[0, 0], quantize_images(images[0])) or torch.equal(

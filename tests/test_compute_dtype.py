@@ -31,9 +31,7 @@ def test_bfloat16_rollout_steps_stay_close_to_float32(memory: str) -> None:
     generator = torch.Generator().manual_seed(1)
     for _ in range(10):
         obs = torch.rand(4, 3, generator=generator)
-        outs = [model.step(obs, state) for model, state in zip(models, states, strict=True)]
-        for model, state, out in zip(models, states, outs, strict=True):
-            model.memory.commit(state, out.record)
+        outs = [model.act(obs, state, lambda policy: policy.sample())[1] for model, state in zip(models, states, strict=True)]
         actions = torch.zeros(4, 1, dtype=torch.long)
         assert outs[1].value.dtype == torch.float32, "the heads run in float32"
         torch.testing.assert_close(outs[1].value, outs[0].value, atol=TOLERANCE, rtol=0)
@@ -47,7 +45,7 @@ def test_bfloat16_training_forward_stays_close_to_its_rollout(memory: str) -> No
     n, t = 3, 12
     cpu = torch.device("cpu")
     buffer = Buffer(n, t, (3,), torch.float32, 1, model.memory.trace(n, t, cpu), cpu)
-    collect_random_rollout(model, buffer, lambda generator: torch.rand(n, 3, generator=generator), n_rollouts=2)
+    collect_random_rollout(model, buffer, (3,), n_rollouts=2)
     for minibatch in buffer.minibatches(3, 4, torch.Generator().manual_seed(1)):
         out = forward_minibatch(model, minibatch)
         torch.testing.assert_close(out.policy.log_prob(minibatch.actions), minibatch.log_probs, atol=TOLERANCE, rtol=0)
@@ -84,11 +82,9 @@ def test_bfloat16_attention_weights_for_figures() -> None:
         state = model.memory.start(1, torch.device("cpu"))
         generator = torch.Generator().manual_seed(0)
         with torch.no_grad():
-            for _ in range(3):
-                out = model.step(torch.rand(1, 3, generator=generator), state, return_attention=True)
-                model.memory.commit(state, out.record)
-            out = model.step(torch.rand(1, 3, generator=generator), state, return_attention=True)
-        strips.append(model.memory.attention_over_steps(state, out.attention))
+            for _ in range(4):
+                _, _, weights = model.act(torch.rand(1, 3, generator=generator), state, lambda p: p.sample(), True)
+        strips.append(weights)
     for exact, rounded in zip(*strips, strict=True):
         assert rounded.dtype == exact.dtype and rounded.shape == exact.shape == (2, 3)  # (H, visible steps)
         assert abs(rounded - exact).max() < TOLERANCE

@@ -98,7 +98,7 @@ def test_training_reproduces_the_rollout_with_continuous_actions(memory: str, sa
     model = ActorCriticModel(config, (4,), SPEC)
     cpu = torch.device("cpu")
     buffer = Buffer(n, t, (4,), torch.float32, SPEC.width, model.memory.trace(n, t, cpu), cpu, torch.float32)
-    collect_random_rollout(model, buffer, lambda generator: torch.rand(n, 4, generator=generator))
+    collect_random_rollout(model, buffer, (4,))
     assert buffer.actions.dtype == torch.float32 and buffer.actions.abs().max() > 0
     assert_training_reproduces_the_rollout(model, buffer, sampling)
 

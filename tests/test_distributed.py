@@ -77,7 +77,7 @@ def test_the_processes_minibatches_make_up_the_single_process_minibatch(sampling
     model = ActorCriticModel(config, (3,), [2])
     cpu = torch.device("cpu")
     buffer = Buffer(n, t, (3,), torch.float32, 1, model.memory.trace(n, t, cpu), cpu)
-    collect_random_rollout(model, buffer, lambda generator: torch.rand(n, 3, generator=generator))
+    collect_random_rollout(model, buffer, (3,))
     buffer.advantages = torch.randn(n, t)
     whole = list(buffer.minibatches(2, 4, torch.Generator().manual_seed(3), sampling))
     halves = []

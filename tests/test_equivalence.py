@@ -3,7 +3,8 @@
 Rollout: the K/V-cached ring (fast) and the re-projected ring (plain) give the same logits, values and tokens, and
 both equal what the trace windows give. Training: the banded chunk attention (fast) and per-window projection (plain)
 give the same logits, values, tokens and gradients, and reproduce the rollout's values and log-probabilities.
-Random observations and episode ends cover episode ends inside rollouts, rollout boundaries and empty memories.
+Rollouts are rollout.RolloutCollector's own, on random observations and episode ends (conftest.RandomWorkers), which
+cover episode ends (time limits among them) inside rollouts, rollout boundaries and empty memories.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import itertools
 
 import pytest
 import torch
-from conftest import small_config
+from conftest import collect_random_rollout, small_config
 
 from buffer import Buffer, Minibatch
 from model import ActorCriticModel, PolicyOutput
@@ -35,27 +36,24 @@ def make_model(
     return ActorCriticModel(config, (OBS,), [3, 2], path)
 
 
-@torch.no_grad()
-def rollouts(model: ActorCriticModel, n_rollouts: int = 3, seed: int = 0) -> tuple[Buffer, list[torch.Tensor]]:
-    """Drive the buffer and the memory as rollout.RolloutCollector does, with random observations and episode ends."""
-    generator = torch.Generator().manual_seed(seed)
+def rollouts(model: ActorCriticModel, n_rollouts: int = 3, seed: int = 1) -> tuple[Buffer, list[torch.Tensor]]:
+    """``n_rollouts`` rollouts of rollout.RolloutCollector on random observations and episode ends (conftest), and
+    what the model gave at each step it took: logits, value and the memory's token, side by side (N, ...)."""
     cpu = torch.device("cpu")
     buffer = Buffer(N, T, (OBS,), torch.float32, 2, model.memory.trace(N, T, cpu), cpu)
-    state = model.memory.start(N, cpu)
     outputs = []
-    for _ in range(n_rollouts):
-        buffer.start_rollout()
-        model.memory.sync(state)
-        for t in range(T):
-            obs = torch.rand(N, OBS, generator=generator)
-            out = model.step(obs, state)
-            actions = out.policy.sample()
-            buffer.record_step(t, obs, actions, out.policy.log_prob(actions), out.value, out.record)
-            outputs.append(torch.cat([*out.policy.logits, out.value.unsqueeze(1), out.record.tokens.flatten(1)], dim=1))
-            model.memory.commit(state, out.record)
-            state.end_episodes(torch.rand(N, generator=generator) < 0.15)
-        buffer.advantages.normal_(generator=generator)
-        buffer.returns.normal_(generator=generator)
+    act = model.act
+
+    def recording_act(*args: object, **kwargs: object) -> tuple:
+        actions, out, weights = act(*args, **kwargs)
+        outputs.append(torch.cat([*out.policy.logits, out.value.unsqueeze(1), out.record.tokens.flatten(1)], dim=1))
+        return actions, out, weights
+
+    model.act = recording_act  # the collector's own loop, observed
+    try:
+        collect_random_rollout(model, buffer, (OBS,), seed, n_rollouts=n_rollouts)
+    finally:
+        del model.act
     return buffer, outputs
 
 
@@ -89,9 +87,7 @@ def compare_paths(
 @pytest.mark.parametrize("positional_encoding,layer_norm,gtrxl", OPTIONS)
 def test_rollout_cache_equals_plain_and_trace_windows(positional_encoding: str, layer_norm: str, gtrxl: bool) -> None:
     model = make_model(positional_encoding, layer_norm, gtrxl)
-    torch.manual_seed(1)
     fast_buffer, fast = rollouts(model)
-    torch.manual_seed(1)
     plain_buffer, plain = rollouts(make_model(positional_encoding, layer_norm, gtrxl, "plain"))
     for a, b in zip(fast, plain, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
@@ -165,9 +161,7 @@ def test_memory_gradients_same_outputs_and_gradients_reach_earlier_steps(
 def rollouts_and_training_agree(models: dict[str, ActorCriticModel]) -> list[torch.Tensor]:
     """Assert that the fast and the plain model (same weights) give the same rollouts, and that training on both paths
     agrees and reproduces the rollout; returns the fast rollout's per-step outputs."""
-    torch.manual_seed(1)
     buffer, fast = rollouts(models["fast"])
-    torch.manual_seed(1)
     _, plain = rollouts(models["plain"])
     for a, b in zip(fast, plain, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
@@ -184,7 +178,6 @@ def test_query_position_paths_agree_and_change_the_output(positional_encoding: s
     models = {path: make_model(positional_encoding, layer_norm, True, path, query_position=True) for path in ("fast", "plain")}
     fast = rollouts_and_training_agree(models)
     # Same weights without the query's position: the same first steps (nothing visible), other values later.
-    torch.manual_seed(1)
     _, without = rollouts(make_model(positional_encoding, layer_norm, True))
     torch.testing.assert_close(fast[0], without[0])
     assert not torch.allclose(torch.stack(fast[1:]), torch.stack(without[1:]))
@@ -207,6 +200,5 @@ def test_positions_in_keys_only_paths_agree_and_change_the_output(positional_enc
         )
 
     fast = rollouts_and_training_agree({path: model(path) for path in ("fast", "plain")})
-    torch.manual_seed(1)
     _, with_values = rollouts(model("fast", positional_values=True))
     assert not torch.allclose(torch.stack(fast[1:]), torch.stack(with_values[1:]))

@@ -150,8 +150,7 @@ def test_memory_length_one_reaches_back_one_step_per_block(positional_encoding: 
         state = model.memory.start(1, torch.device("cpu"))
         with torch.no_grad():
             for t in range(steps):
-                out = model.step(observations[t], state)
-                model.memory.commit(state, out.record)
+                _, out, _ = model.act(observations[t], state, lambda policy: policy.sample())
         return out.value
 
     for back in range(1, steps):

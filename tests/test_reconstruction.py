@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import small_config
+from conftest import collect_random_rollout, small_config
 
 from buffer import Buffer
 from encoders import ImageDecoder, VectorDecoder, quantize_images
@@ -35,20 +35,7 @@ def filled_buffer(config: object, model: ActorCriticModel, obs_shape: tuple | di
     cpu = torch.device("cpu")
     n, t = config.n_workers, config.worker_steps
     buffer = Buffer(n, t, model.observation_shape, model.storage_dtype, 1, model.memory.trace(n, t, cpu), cpu)
-    state = model.memory.start(n, cpu)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for step in range(t):
-            if isinstance(obs_shape, dict):
-                obs = model.prepare({k: torch.rand(n, *v, generator=generator).numpy() for k, v in obs_shape.items()})
-            else:
-                obs = model.prepare(torch.rand(n, *obs_shape, generator=generator).numpy())
-            out = model.step(obs, state)
-            actions = out.policy.sample(generator=generator)
-            buffer.record_step(step, obs, actions, out.policy.log_prob(actions), out.value, out.record)
-            model.memory.commit(state, out.record)
-    buffer.advantages.normal_(generator=generator)
-    buffer.returns.normal_(generator=generator)
+    collect_random_rollout(model, buffer, obs_shape)
     return buffer
 
 

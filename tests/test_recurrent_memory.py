@@ -34,9 +34,7 @@ def rollouts(model: ActorCriticModel, n_rollouts: int = 3, seed: int = 0, end_ra
     """Three rollouts (the memory carried over their boundaries) of random observations and episode ends."""
     cpu = torch.device("cpu")
     buffer = Buffer(N, T, (OBS,), torch.float32, 2, model.memory.trace(N, T, cpu), cpu)
-    collect_random_rollout(
-        model, buffer, lambda generator: torch.rand(N, OBS, generator=generator), seed, end_rate, n_rollouts
-    )
+    collect_random_rollout(model, buffer, (OBS,), seed, end_rate, n_rollouts)
     return buffer
 
 
@@ -120,8 +118,7 @@ def test_models_are_what_the_reference_sister_repository_builds() -> None:
 def test_state_dict_round_trip() -> None:
     model = make_model("lstm")
     state = model.memory.start(N, torch.device("cpu"))
-    out = model.step(torch.rand(N, OBS), state)
-    model.memory.commit(state, out.record)
+    model.act(torch.rand(N, OBS), state, lambda policy: policy.sample())
     state.end_episodes(torch.tensor([True, False, False]))
     copy = model.memory.start(N, torch.device("cpu"))
     copy.load_state_dict(state.state_dict())
