@@ -18,6 +18,7 @@ Options:
   --set=<key=value>   Change a key of the model's environment section, e.g. environment.kwargs.agents=4 to play a
                       multi-agent task with 4 agents (repeatable); observations and actions must still fit the model.
   --json              Print the summary as one JSON object on the last line.
+  --quiet             Print nothing on stdout but the --json line (errors and notes still go to stderr).
   --cpu               Use the CPU even where CUDA is available.
   -h --help           Show this help.
 """
@@ -218,26 +219,28 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    summary = report(results, seed)
+    summary = report(results, seed, args["--quiet"])
     if record:
         try:
             write_video(frames, record)
         except ValueError as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
-        print(f"wrote {len(frames)} frames to {record}")
+        if not args["--quiet"]:
+            print(f"wrote {len(frames)} frames to {record}")
     if args["--json"]:
         print(json.dumps({"model": model_path, "episodes": episodes, "seed": seed, "summary": summary}))
     return 0
 
 
-def report(results: list[dict[str, float]], seed: int) -> dict[str, dict[str, float]]:
-    """Prints each episode's metrics and their summary; returns the summary."""
-    for index, result in enumerate(results):
-        details = "  ".join(f"{key} {value:g}" for key, value in result.items())
-        print(f"episode {index + 1}: {details}")
+def report(results: list[dict[str, float]], seed: int, quiet: bool = False) -> dict[str, dict[str, float]]:
+    """Prints each episode's metrics and their summary (unless ``quiet``); returns the summary."""
     summary = summarize(results, seed=seed)
-    print(format_summary(summary))
+    if not quiet:
+        for index, result in enumerate(results):
+            details = "  ".join(f"{key} {value:g}" for key, value in result.items())
+            print(f"episode {index + 1}: {details}")
+        print(format_summary(summary))
     return summary
 
 
@@ -260,7 +263,7 @@ def play_randomly(args: dict, episodes: int, seed: int) -> int:
     except (ConfigError, OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    summary = report(results, seed)
+    summary = report(results, seed, args["--quiet"])
     if args["--json"]:
         print(json.dumps({"random": path, "episodes": episodes, "seed": seed, "summary": summary}))
     return 0

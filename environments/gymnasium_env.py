@@ -31,7 +31,7 @@ import numpy as np
 from gymnasium import spaces
 
 from action_spec import ActionSpec
-from environments.registry import REQUIRED, EnvFamily, Key, invalid
+from environments.registry import REQUIRED, EnvFamily, Key, import_failure, invalid
 
 SUPPORTED = (
     "supported: observations as a Box of uint8 images (H, W, C) or (C, H, W) with C in 1..4 or (H, W), a 1-D Box "
@@ -83,9 +83,7 @@ def _resolve(env_id: str) -> gymnasium.envs.registration.EnvSpec:
         try:
             importlib.import_module(module)
         except Exception as error:
-            raise ValueError(
-                f"environment.id = {env_id!r}: importing the module {module!r} failed with {type(error).__name__}: {error}"
-            ) from None
+            raise import_failure("id", env_id, module, error) from None
     try:
         return gymnasium.spec(name)
     except gymnasium.error.Error as error:

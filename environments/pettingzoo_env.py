@@ -52,7 +52,7 @@ from environments.gymnasium_env import (
     inner_action,
     model_action_space,
 )
-from environments.registry import REQUIRED, EnvFamily, Key, invalid
+from environments.registry import REQUIRED, EnvFamily, Key, import_failure, invalid
 
 _RESERVED_KWARGS = {"render_mode": "it is set by the caller of create_env (train.py, enjoy.py)"}
 
@@ -85,10 +85,7 @@ def _resolve(entry_point: str) -> object:
     try:
         imported = importlib.import_module(module)
     except Exception as error:
-        raise ValueError(
-            f"environment.entry_point = {entry_point!r}: importing the module {module!r} failed with "
-            f"{type(error).__name__}: {error}"
-        ) from None
+        raise import_failure("entry_point", entry_point, module, error) from None
     target = imported
     for part in name.split("."):
         if not hasattr(target, part):

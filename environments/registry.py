@@ -128,6 +128,19 @@ def same_type(value: object, default: object) -> bool:
     return isinstance(value, type(default))
 
 
+def import_failure(key: str, value: str, module: str, error: Exception) -> ValueError:
+    """The error for a config's ``key`` = ``value`` whose module ``module`` failed to import with ``error``; a module
+    that is not found may be the user's own file, which Python finds from the folder it runs in or on PYTHONPATH (a
+    resumed run or a model played from another folder needs the same as the first run)."""
+    message = f"environment.{key} = {value!r}: importing the module {module!r} failed with {type(error).__name__}: {error}"
+    if isinstance(error, ModuleNotFoundError) and error.name is not None and module.startswith(error.name):
+        message += (
+            f"; if {module!r} is a file of your own, run from the folder that holds it or add that folder to "
+            "PYTHONPATH, as for the run that trained with it (e.g. PYTHONPATH=/path/to/folder python train.py --resume=...)"
+        )
+    return ValueError(message)
+
+
 def invalid(key: str, value: object, allowed: str) -> ValueError:
     """Builds the error for a config value of the right type but outside the allowed values."""
     return ValueError(f"environment.{key} = {value!r} is invalid; {allowed}")

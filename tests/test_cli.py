@@ -216,6 +216,15 @@ def test_model_is_found_in_the_repository_from_another_folder(
     assert os.path.join(root, "models", "tiny.nn") in capsys.readouterr().err
 
 
+def test_json_quiet_prints_the_json_line_alone(
+    trained_run: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.chdir(trained_run)
+    assert enjoy.main(["--model=models/tiny.nn", "--no-render", "--cpu", "--episodes=2", "--json", "--quiet"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["summary"]["reward"]["episodes"] == 2
+
+
 # 4. No display: a window is refused up front.
 
 

@@ -197,6 +197,20 @@ def test_a_module_failing_to_import_is_reported_with_its_error(tmp_path: str, mo
         validate_env_config({"type": "Gymnasium", "id": "broken_toy_tasks:Broken-v0"})
 
 
+def test_a_module_not_found_suggests_pythonpath_and_a_missing_package_inside_it_does_not(
+    tmp_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A user's own task file, resumed from another folder: the module itself is not found.
+    with pytest.raises(ValueError, match="add that folder to PYTHONPATH, as for the run that trained with it"):
+        validate_env_config({"type": "Gymnasium", "id": "my_missing_tasks:Task-v0"})
+    # The module is found but needs a package that is not installed: the hint would mislead.
+    (tmp_path / "needs_a_package.py").write_text("import no_such_package_here\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError) as error:
+        validate_env_config({"type": "Gymnasium", "id": "needs_a_package:Task-v0"})
+    assert "No module named 'no_such_package_here'" in str(error.value) and "PYTHONPATH" not in str(error.value)
+
+
 def test_checking_builds_the_env_once_per_id_and_kwargs(monkeypatch: pytest.MonkeyPatch) -> None:
     built = []
     make = gymnasium.make
