@@ -9,7 +9,7 @@ Arguments:
   <experiment>          A folder written by experiment.py (results/<id>) or its summary.json.
 
 Options:
-  --out=<file>          Figure to write (default: compare.png next to the first experiment, e.g. results/compare.png).
+  --out=<file>          Figure to write (default: plots/compare.png, a git-ignored scratch folder).
   --title=<text>        Title (default: "<metric>: IQM over seeds with 95% stratified-bootstrap bands").
   --tables              Instead: write the README's results table from results/tables.yaml and the summaries it
                         names (tables.py).
@@ -111,9 +111,11 @@ def experiment_figure(summary: dict, path: str) -> None:
 
 
 def default_output(first: str) -> str:
-    """compare.png in the folder that holds the first experiment (results/<id> -> results/compare.png)."""
+    """plots/compare.png beside the results folder of the first experiment (results/<id> -> plots/compare.png): a
+    git-ignored scratch folder, so a look at some curves leaves ``git status`` clean; a figure to commit is named with
+    --out (e.g. results/<name>.png)."""
     folder = os.path.dirname(os.path.abspath(summary_path(first)))
-    return os.path.join(os.path.dirname(folder), "compare.png")
+    return os.path.join(os.path.dirname(os.path.dirname(folder)), "plots", "compare.png")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,7 @@ import inspect
 import json
 import os
 import shutil
+import subprocess
 import sys
 
 import pytest
@@ -376,9 +377,18 @@ def test_tiny_run_from_another_folder_end_to_end(
 # 10. .gitignore
 
 
-def test_gitignore_ignores_virtual_environments() -> None:
+def test_gitignore_ignores_virtual_environments_and_scratch_output() -> None:
     lines = [line.strip() for line in open(os.path.join(ROOT, ".gitignore"))]
     assert ".venv/" in lines
+    # plot.py's default figure and enjoy.py --record=out.gif in the repository root leave git status clean; figures
+    # under results/ (committed with their experiments) do not.
+    if not os.path.isdir(os.path.join(ROOT, ".git")):
+        pytest.skip("not a git checkout")
+    scratch = ["plots/compare.png", "out.gif", "run.mp4", "figure.png"]
+    ignored = subprocess.run(["git", "check-ignore", *scratch], cwd=ROOT, capture_output=True, text=True)
+    assert ignored.stdout.split() == scratch
+    kept = subprocess.run(["git", "check-ignore", "results/x/curves.png", "docs/figure.png"], cwd=ROOT)
+    assert kept.returncode == 1, "nothing of these is ignored"
 
 
 # 6. enjoy.py --random: the chance level of a config's environment, on the evaluation seeds.

@@ -235,7 +235,7 @@ def test_plot_overlays_experiments(tiny_experiment: tuple[str, subprocess.Comple
     command = [sys.executable, os.path.join(ROOT, "plot.py"), f"results/{EXPERIMENT}", "results/other/summary.json"]
     result = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    assert os.path.getsize(os.path.join(folder, "results", "compare.png")) > 1000
+    assert os.path.getsize(os.path.join(folder, "plots", "compare.png")) > 1000  # scratch output, git-ignored
     out = os.path.join(tmp_path, "figure.svg")
     result = subprocess.run([*command, f"--out={out}", "--title=T"], cwd=folder, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and os.path.isfile(out)
