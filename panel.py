@@ -47,6 +47,7 @@ import sys
 import numpy as np
 
 import experiment
+import seeds
 from cli import parse_args
 from config import read_yaml
 from train import config_path
@@ -106,7 +107,7 @@ def arguments(panel: dict, panel_id: str, task: str, memory: str, jobs: int, cpu
 
 def row(panel_id: str, task: str, memory: str) -> dict | None:
     """One pair's entry of the table from its experiment's summary and seed records; None without a summary."""
-    folder = os.path.join(experiment.RESULTS_DIR, "panel", panel_id, f"{task}-{memory}")
+    folder = os.path.join(seeds.RESULTS_DIR, "panel", panel_id, f"{task}-{memory}")
     path = os.path.join(folder, "summary.json")
     if not os.path.isfile(path):
         return None
@@ -118,7 +119,7 @@ def row(panel_id: str, task: str, memory: str) -> dict | None:
             record = json.load(file)
         value = record.get("seconds")
         if value is None and os.path.isdir(record["summary_dir"]):
-            value = experiment.training_seconds(record["config"], record["summary_dir"])
+            value = seeds.training_seconds(record["config"], record["summary_dir"])
         if value is not None:
             seconds.append(value)
     final, steps = summary["final"], summary["steps_to_threshold"]

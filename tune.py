@@ -57,7 +57,8 @@ import yaml
 from aggregation import interquartile_mean
 from cli import ROOT, parse_args
 from config import ConfigError, apply_overrides, parse_overrides, read_yaml, validate_config
-from experiment import check_run_id, child_environment, cpu_cores, number
+from experiment import check_run_id, number
+from seeds import child_environment, cpu_cores
 from train import config_path
 
 TRAIN = os.path.join(ROOT, "train.py")

@@ -65,8 +65,8 @@ def test_atomic_save_keeps_the_old_file_when_writing_fails(tmp_path: str) -> Non
 def test_a_model_saved_before_query_position_loads_without_it(tmp_path: str) -> None:
     # query_position came with default true; a model saved before it was trained without it and must stay so.
     from checkpoint import load_model, save_model
-    from experiment import config_changes
     from model import ActorCriticModel
+    from seeds import config_changes
 
     config = small_config({"positional_encoding": "relative", "query_position": False})
     model = ActorCriticModel(config, (3,), [3])

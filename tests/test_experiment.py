@@ -13,6 +13,8 @@ import sys
 import pytest
 
 import experiment
+import experiment_report
+import seeds
 from checkpoint import load_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -278,11 +280,11 @@ def test_config_changes_ignore_the_section_of_an_unused_memory() -> None:
 
     gru = small_config(memory="gru").to_dict()
     changed = small_config({"memory_gradients": True}, memory="gru").to_dict()
-    assert experiment.config_changes(gru, changed) == []
+    assert seeds.config_changes(gru, changed) == []
     wider = small_config(memory="gru", recurrence={"hidden_state_size": 8}).to_dict()
-    assert experiment.config_changes(gru, wider) == ["recurrence.hidden_state_size 256 -> 8"]
+    assert seeds.config_changes(gru, wider) == ["recurrence.hidden_state_size 256 -> 8"]
     trxl, trxl_changed = small_config().to_dict(), small_config({"memory_gradients": True}).to_dict()
-    assert experiment.config_changes(trxl, trxl_changed) == ["transformer.memory_gradients False -> True"]
+    assert seeds.config_changes(trxl, trxl_changed) == ["transformer.memory_gradients False -> True"]
 
 
 @pytest.mark.parametrize("reached,expected", [(0, "no seed reached success 1.00 in training"), (2, "0 of 2 seeds fell below")])
@@ -293,6 +295,6 @@ def test_report_of_falls_after_solving(capsys: pytest.CaptureFixture, reached: i
         "steps_to_threshold": {"threshold": 0.9, "reached": 0, "runs": 2, "median": None},
         "falls_after_solving": {"reach": 1.0, "floor": 0.9, "runs_reached": reached, "runs_below": 0, "updates_below": 0},
     }  # fmt: skip
-    experiment.print_report([], summary)
+    experiment_report.print_report([], summary)
     out = capsys.readouterr().out
     assert expected in out and ("0 of 0" not in out)
