@@ -290,7 +290,14 @@ SCHEMA: dict[str, tuple] = {
         "end an update's epochs at the first minibatch whose approximate KL divergence from the rollout's policy "
         "exceeds this, before its gradient step (0 = off: every epoch runs, as in the reference)",
     ),
-    "n_processes": (int, 0, _NON_NEGATIVE, "environment worker processes (0 = step environments in the main process)"),
+    "n_processes": (
+        int,
+        0,
+        (">= -1", lambda v: v >= -1),
+        "environment worker processes: 0 steps the environments in the main process; -1 (auto) gives a CUDA run one "
+        "process per core the trainer leaves free (at most one per environment), so the GPU does not wait for "
+        "environments stepped one after another, and a CPU run 0 (the model needs the cores there)",
+    ),
     "memory_dtype": (
         str,
         "float32",

@@ -26,6 +26,7 @@ from checkpoint import load_file, load_model
 from cli import ROOT
 from config import ConfigError, flatten, validate_config, with_saved_defaults
 from evaluation import evaluate
+from worker import usable_cores
 
 TRAIN = os.path.join(ROOT, "train.py")
 
@@ -227,14 +228,6 @@ def child_environment(threads: int) -> dict[str, str]:
     return env
 
 
-def cpu_cores() -> int:
-    """Cores this process may use."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
 def say(run: Seed, text: str) -> None:
     """A progress line about one seed, printed at once."""
     print(f"seed {run.seed}: {text}", flush=True)
@@ -334,7 +327,7 @@ def run_seeds(
     experiment keeps the results of its finished seeds). On KeyboardInterrupt, stops the running children (they save
     their checkpoints) and re-raises; so does any other exception."""
     queue = [run for run in runs if run.action in ("new", "resume")]
-    threads = max(1, cpu_cores() // jobs)
+    threads = max(1, usable_cores() // jobs)
     running: list[Seed] = []
     last_report = time.time()
     try:

@@ -28,7 +28,7 @@ from model import ActorCriticModel
 from ppo import NonFiniteError, PPOLearner
 from rollout import RolloutCollector, RolloutStats
 from summaries import Summaries, console_line
-from worker import WorkerError, Workers
+from worker import WorkerError, Workers, environment_processes, usable_cores
 
 __all__ = ["PPOTrainer", "TrainingStopped", "check_memory_path"]
 
@@ -78,7 +78,9 @@ class PPOTrainer:
 
         lanes = ranks.lanes(config.n_workers)
         n = len(lanes)  # this process's workers
-        n_processes = min(-(-config.n_processes // ranks.world), n // agents_per_env(config.environment))
+        cores = max(1, usable_cores() // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # this rank's share of the machine
+        environments = n // agents_per_env(config.environment)
+        n_processes = environment_processes(config.n_processes, environments, device.type, cores, ranks.world)
         self.workers = Workers(config.environment, n, n_processes, seed, first_lane=lanes.start)
         obs_shape = observations.shape_of(self.workers.observation_space)
         actions = self.workers.action_spec

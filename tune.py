@@ -58,8 +58,9 @@ from aggregation import interquartile_mean
 from cli import ROOT, parse_args
 from config import ConfigError, apply_overrides, parse_overrides, read_yaml, validate_config
 from experiment import check_run_id, number
-from seeds import child_environment, cpu_cores
+from seeds import child_environment
 from train import config_path
+from worker import usable_cores
 
 TRAIN = os.path.join(ROOT, "train.py")
 TUNE_DIR = os.path.join("results", "tune")
@@ -202,7 +203,7 @@ class Study:
             raise ValueError(f"--objective must be auc or final, got '{self.objective}'")
         self.cpu = bool(args["--cpu"])
         self.updates = validate_config(base).updates
-        self.threads = max(1, cpu_cores() // (self.jobs * self.seeds))
+        self.threads = max(1, usable_cores() // (self.jobs * self.seeds))
 
     def command(self, trial: int, seed: int, values: dict[str, object]) -> list[str]:
         sets = [f"--set={key}={json.dumps(value)}" for key, value in values.items()]

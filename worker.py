@@ -16,6 +16,7 @@ environment order, so a state taken with one number of processes restores with a
 """
 
 import multiprocessing
+import os
 import signal
 import time
 import traceback
@@ -274,6 +275,27 @@ def _merge(results: list[StepResult]) -> StepResult:
         final_obs={index: ob for result in results for index, ob in result.final_obs.items()},
         episodes=[episode for result in results for episode in result.episodes],
     )
+
+
+def usable_cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def environment_processes(requested: int, environments: int, device_type: str, cores: int, ranks: int = 1) -> int:
+    """The environment subprocesses one training process starts for the config's ``n_processes`` = ``requested``.
+
+    Args:
+        requested: >= 0: that many, shared among the ``ranks`` training processes; -1 (auto): on "cuda", one per core
+            of ``cores`` but the one the trainer runs on; on the CPU none. At most one per environment either way.
+        environments: the environments this process steps.
+        device_type: "cuda" or "cpu".
+        cores: the cores this process may use (its share where several training processes share a machine).
+        ranks: the training processes.
+    """
+    if requested >= 0:
+        return min(-(-requested // ranks), environments)
+    return max(0, min(cores - 1, environments)) if device_type == "cuda" else 0
 
 
 class Workers:

@@ -20,7 +20,7 @@ import torch  # noqa: E402
 from env_group import EnvGroup  # noqa: E402
 from environments import create_env  # noqa: E402
 from replay import EpisodeRecorder, check_states, replay_episode, restore  # noqa: E402
-from worker import StepResult, WorkerError, Workers, episode_seed  # noqa: E402
+from worker import StepResult, WorkerError, Workers, environment_processes, episode_seed  # noqa: E402
 
 POC = {"type": "PocMemoryEnv"}
 POC_GLOB = {"type": "PocMemoryEnv", "glob": True, "freeze": False}
@@ -485,3 +485,26 @@ def test_check_states_names_the_bad_entry_and_returns_plain_ints() -> None:
     for states, message in cases:
         with pytest.raises(ValueError, match=message):
             check_states(states, 2, [3, 2])
+
+
+def test_environment_processes_auto_fills_the_free_cores_on_a_gpu_only() -> None:
+    # -1 (auto) on a GPU: every core but the trainer's steps environments, at most one process per environment.
+    assert environment_processes(-1, 32, "cuda", cores=16) == 15
+    assert environment_processes(-1, 8, "cuda", cores=16) == 8
+    assert environment_processes(-1, 32, "cuda", cores=1) == 0
+    # On the CPU the model needs the cores: auto steps the environments in the trainer's process.
+    assert environment_processes(-1, 32, "cpu", cores=16) == 0
+    # A number is what was asked for, shared among the training processes, at most one per environment.
+    assert environment_processes(4, 32, "cuda", cores=16) == 4
+    assert environment_processes(5, 16, "cpu", cores=2, ranks=2) == 3
+    assert environment_processes(40, 32, "cpu", cores=2) == 32
+
+
+def test_n_processes_below_auto_is_refused() -> None:
+    from conftest import small_config
+
+    from config import ConfigError
+
+    assert small_config(n_processes=-1).n_processes == -1
+    with pytest.raises(ConfigError, match="'n_processes' must be >= -1, got -2"):
+        small_config(n_processes=-2)
