@@ -11,8 +11,8 @@ Arguments:
 Options:
   --out=<file>          Figure to write (default: plots/compare.png, a git-ignored scratch folder).
   --title=<text>        Title (default: "<metric>: IQM over seeds with 95% stratified-bootstrap bands").
-  --tables              Instead: write the README's results table from results/tables.yaml and the summaries it
-                        names (tables.py).
+  --tables              Instead: write the README's results table and the tables of docs/results.md from
+                        results/tables.yaml and the summaries it names (tables.py).
   -h --help             Show this help.
 """
 
@@ -122,10 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run plot.py with the command-line arguments ``argv`` (default: sys.argv[1:]); returns the exit code."""
     args = parse_args(__doc__, argv)
     if args["--tables"]:
-        from tables import README, write_readme_table
+        from tables import write_tables
 
-        changed = write_readme_table()
-        print(f"{'wrote' if changed else 'unchanged:'} the results table of {os.path.relpath(README)}")
+        changed = write_tables()
+        print(f"wrote {', '.join(os.path.relpath(path) for path in changed)}" if changed else "unchanged: every table")
         return 0
     try:
         summaries = [load_summary(path) for path in args["<experiment>"]]

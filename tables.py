@@ -1,6 +1,7 @@
 """Results tables generated from the experiments' summaries, so that a number is written once: the README's results
-table comes from results/tables.yaml and each listed experiment's results/<id>/summary.json (``python plot.py
---tables`` writes it; tests/test_tables.py fails when the committed README differs from what the JSON gives).
+table and the named tables of docs/results.md come from results/tables.yaml and each listed experiment's
+results/<id>/summary.json (``python plot.py --tables`` writes them; tests/test_tables.py fails when a committed table
+differs from what the JSON gives).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from cli import ROOT
 
 SPEC = os.path.join(ROOT, "results", "tables.yaml")
 README = os.path.join(ROOT, "README.md")
+RESULTS = os.path.join(ROOT, "docs", "results.md")
 BEGIN = "<!-- results table: written by `python plot.py --tables` from results/tables.yaml; do not edit by hand -->"
 END = "<!-- end of the results table -->"
 HEADER = (
@@ -82,20 +84,72 @@ def readme_table(spec_path: str = SPEC) -> str:
     return "\n".join([BEGIN, HEADER, *rows, END])
 
 
-def replace_table(text: str, table: str) -> str:
-    """``text`` with the block between the markers replaced by ``table``; ValueError without the markers."""
-    start, end = text.find(BEGIN), text.find(END)
-    if start < 0 or end < start:
-        raise ValueError(f"the README lacks the results table's markers:\n{BEGIN}\n...\n{END}")
-    return text[:start] + table + text[end + len(END) :]
+def replace_table(text: str, table: str, begin: str = BEGIN, end: str = END) -> str:
+    """``text`` with the block from ``begin`` to ``end`` replaced by ``table`` (which holds both markers); ValueError
+    without the markers."""
+    start, stop = text.find(begin), text.find(end)
+    if start < 0 or stop < start:
+        raise ValueError(f"the markers of a generated table are missing:\n{begin}\n...\n{end}")
+    return text[:start] + table + text[stop + len(end) :]
 
 
-def write_readme_table(readme: str = README) -> bool:
-    """Rewrite the README's results table; returns whether it changed."""
-    with open(readme) as file:
-        text = file.read()
-    updated = replace_table(text, readme_table())
-    if updated != text:
-        with open(readme, "w") as file:
-            file.write(updated)
-    return updated != text
+def markers(name: str) -> tuple[str, str]:
+    """The lines around the results page's table ``name``."""
+    return (
+        f"<!-- table {name}: written by `python plot.py --tables` from results/tables.yaml; do not edit by hand -->",
+        f"<!-- end of table {name} -->",
+    )
+
+
+def reached(summary: dict) -> str:
+    """ "4 of 5: at 295k, 393k, ..." (the seeds whose training metric reached the threshold, and where), "-" without
+    a threshold."""
+    to_threshold = summary["steps_to_threshold"]
+    if to_threshold["threshold"] is None:
+        return "-"
+    at = sorted(step for step in to_threshold["per_seed"] if step is not None)
+    return f"{to_threshold['reached']} of {to_threshold['runs']}" + (f": at {', '.join(steps(s) for s in at)}" if at else "")
+
+
+def results_table(name: str, experiments: dict[str, str]) -> str:
+    """The results page's table ``name``: one row per experiment (label -> results/<id>), between its markers."""
+    loaded = {label: load_experiment(experiment) for label, experiment in experiments.items()}
+    metric = " / ".join(sorted({summary["metric"] for summary, _ in loaded.values()}))
+    threshold = {summary["steps_to_threshold"]["threshold"] for summary, _ in loaded.values()} - {None}
+    reach = f"training {metric} {min(threshold):g} reached" if threshold else "training threshold"
+    lines = [
+        f"| setting | seeds | final {metric}, IQM [95% CI] | per seed | {reach} | env steps | minutes per seed |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, (summary, records) in loaded.items():
+        per_seed = ", ".join(value(final, summary["metric"]) for final in summary["final"]["per_seed"])
+        env_steps = max(seed["env_steps"] for seed in summary["per_seed"])
+        lines.append(
+            f"| {label} | {len(summary['finished_seeds'])} | {result(summary)} | {per_seed} | {reached(summary)} "
+            f"| {steps(env_steps)} | {minutes(records)} |"
+        )
+    begin, end = markers(name)
+    return "\n".join([begin, *lines, end])
+
+
+def write_tables(readme: str = README, results: str = RESULTS, spec_path: str = SPEC) -> list[str]:
+    """Rewrite the README's results table and the results page's named tables; returns the files that changed."""
+    with open(spec_path) as file:
+        spec = yaml.safe_load(file)
+    changed = []
+    for path, tables in ((readme, [(BEGIN, END, readme_table(spec_path))]), (results, page_tables(spec))):
+        with open(path) as file:
+            text = file.read()
+        updated = text
+        for begin, end, table in tables:
+            updated = replace_table(updated, table, begin, end)
+        if updated != text:
+            with open(path, "w") as file:
+                file.write(updated)
+            changed.append(path)
+    return changed
+
+
+def page_tables(spec: dict) -> list[tuple[str, str, str]]:
+    """(begin marker, end marker, table) of every table of the results page in ``spec``."""
+    return [(*markers(name), results_table(name, experiments)) for name, experiments in spec.get("results", {}).items()]

@@ -1,4 +1,5 @@
-"""The README's results table is what results/tables.yaml and the summaries it names give (python plot.py --tables)."""
+"""The README's results table and the tables of docs/results.md are what results/tables.yaml and the summaries it
+names give (python plot.py --tables)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,33 @@ def test_readme_table_matches_the_results() -> None:
     with open(tables.README) as file:
         text = file.read()
     assert tables.replace_table(text, tables.readme_table()) == text, "run python plot.py --tables and commit the README"
+
+
+def test_results_page_tables_match_the_results() -> None:
+    with open(tables.SPEC) as file:
+        spec = yaml.safe_load(file)
+    with open(tables.RESULTS) as file:
+        text = file.read()
+    page = tables.page_tables(spec)
+    assert len(page) >= 5
+    for begin, end, table in page:
+        assert tables.replace_table(text, table, begin, end) == text, f"{begin}: run python plot.py --tables and commit"
+
+
+def test_writing_the_tables_fills_their_markers(tmp_path: str) -> None:
+    spec = {"readme": [], "results": {"demo": {"TrXL": "mmg1-trxl-memgrad", "GRU": "mmg1-gru"}}}
+    spec_path, readme, page = tmp_path / "tables.yaml", tmp_path / "README.md", tmp_path / "results.md"
+    spec_path.write_text(yaml.safe_dump(spec))
+    readme.write_text(f"intro\n{tables.BEGIN}\nold\n{tables.END}\nend\n")
+    begin, end = tables.markers("demo")
+    page.write_text(f"text\n{begin}\n| stale |\n{end}\nmore\n")
+    assert tables.write_tables(str(readme), str(page), str(spec_path)) == [str(readme), str(page)]
+    written = page.read_text()
+    assert "| stale |" not in written and written.startswith("text\n") and written.endswith("\nmore\n")
+    for label, experiment in spec["results"]["demo"].items():
+        summary, _ = tables.load_experiment(experiment)
+        assert f"| {label} | {len(summary['finished_seeds'])} | {tables.result(summary)} | " in written
+    assert tables.write_tables(str(readme), str(page), str(spec_path)) == [], "a second run changes nothing"
 
 
 def test_every_row_links_a_heading_of_the_results_page() -> None:
