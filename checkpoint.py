@@ -63,6 +63,12 @@ def save_model(model: ActorCriticModel, config: Config, path: str) -> None:
     )
 
 
+def model_file(snapshot: dict) -> dict:
+    """The model file (as ``save_model`` writes it) of a training snapshot's weights."""
+    keys = ("model", "config", "observation_shape", "action_dims", "actions")
+    return {"kind": "model", **{key: snapshot[key] for key in keys}}
+
+
 def load_file(path: str) -> dict:
     """Load a model or checkpoint file, with a clear error for a missing or foreign file."""
     if not os.path.isfile(path):

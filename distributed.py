@@ -30,7 +30,11 @@ from typing import NamedTuple, NoReturn
 import torch
 import torch.distributed as dist
 
-TIMEOUT_S = 600  # how long a collective waits for a rank that does not answer before it fails
+# How long a collective waits for a rank that does not answer before it fails (TRXL_COLLECTIVE_TIMEOUT_S overrides it).
+TIMEOUT_S = float(os.environ.get("TRXL_COLLECTIVE_TIMEOUT_S", 600))
+# How long the other ranks wait for rank 0 working alone (an evaluation, which evaluation.MAX_EPISODE_STEPS bounds).
+WAIT_TIMEOUT_S = 24 * 3600
+_waiting_group: dist.ProcessGroup | None = None  # the gloo group they wait in (``wait_for_main``)
 
 
 class Rows(NamedTuple):
@@ -96,9 +100,19 @@ def start(device_type: str) -> Ranks:
         return SINGLE
     if device_type == "cuda":
         torch.cuda.set_device(torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))))
+    global _waiting_group
     backend = "nccl" if device_type == "cuda" else "gloo"
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    _waiting_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=WAIT_TIMEOUT_S))
     return Ranks(dist.get_rank(), dist.get_world_size())
+
+
+def wait_for_main(ranks: Ranks) -> None:
+    """Every rank meets rank 0 here after it worked alone (an evaluation), in a barrier of a gloo group with a long
+    timeout: a rank that went on would wait in its next training collective, which fails after ``TIMEOUT_S`` (on NCCL
+    the watchdog then aborts the process), however long the evaluation has still to run."""
+    if ranks.distributed:
+        dist.barrier(group=_waiting_group)
 
 
 def stop() -> None:

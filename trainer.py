@@ -19,9 +19,9 @@ import torch
 
 import observations
 from buffer import Buffer
-from checkpoint import Progress, atomic_save, restore_training, save_model, snapshot_training
+from checkpoint import Progress, atomic_save, model_file, restore_training, snapshot_training
 from config import Config, ConfigError, check_memory_path
-from distributed import SINGLE, Ranks, all_gather, check_identical
+from distributed import SINGLE, Ranks, all_gather, check_identical, wait_for_main
 from environments import agents_per_env
 from evaluation import evaluate, record_episode
 from model import ActorCriticModel
@@ -152,14 +152,20 @@ class PPOTrainer:
         means = {key: float(np.mean(values)) for key, values in episodes.items()}
         return console_line(self.update + 1, self.config.updates, self.progress.env_steps, sps, means, stats)
 
-    def evaluate(self) -> dict[str, float]:
-        """Evaluate on the fixed set of unseen episodes, log under ``evaluation/``, and return the metric means."""
-        results = evaluate(self.model, self.config, self.device, self.config.eval_episodes, seed=EVALUATION_SEED)
-        means = {key: float(np.mean([r[key] for r in results if key in r])) for key in results[0]}
-        self.summaries.evaluation(self.progress.env_steps, means)
-        if self.config.eval_video:
-            frames = record_episode(self.model, self.config, self.device, EVALUATION_SEED)
-            self.summaries.video("evaluation/episode", frames, self.progress.env_steps)
+    def evaluate(self) -> dict[str, float] | None:
+        """Rank 0: evaluate on the fixed set of unseen episodes, log under ``evaluation/`` and print the means, which
+        it returns (None on the other ranks, which wait for it: ``distributed.wait_for_main``)."""
+        means = None
+        if self.ranks.main:
+            print(f"  evaluating {self.config.eval_episodes} unseen episodes ...", end="", flush=True)
+            results = evaluate(self.model, self.config, self.device, self.config.eval_episodes, seed=EVALUATION_SEED)
+            means = {key: float(np.mean([r[key] for r in results if key in r])) for key in results[0]}
+            self.summaries.evaluation(self.progress.env_steps, means)
+            if self.config.eval_video:
+                frames = record_episode(self.model, self.config, self.device, EVALUATION_SEED)
+                self.summaries.video("evaluation/episode", frames, self.progress.env_steps)
+            print(" " + "  ".join(f"{k} {v:.3f}" for k, v in means.items() if k in ("reward", "success")))
+        wait_for_main(self.ranks)
         return means
 
     def run(self, log_every: int = 1) -> dict[str, float]:
@@ -191,7 +197,7 @@ class PPOTrainer:
                     # tensor it moves, so gathering them after every update made rank 0 grow with each update.
                     self.snapshot = self.snapshot_state()
                 if due:
-                    save_snapshot(self.snapshot, self.checkpoint_path)
+                    save_snapshot(self.snapshot, self.checkpoint_path, self.model_path)
                 last_means = episode_means or last_means
                 if self.ranks.main and config.compile and self.update == start_update + 1:
                     print(f"  the first update took {time.time() - tick:.0f}s, torch.compile's compilation included")
@@ -199,14 +205,10 @@ class PPOTrainer:
                     elapsed = time.time() - start
                     left = elapsed / (self.update - start_update) * (config.updates - self.update)
                     print(f"{line}  [{elapsed:5.0f}s, ~{left:.0f}s left]", flush=True)
-                last = self.update == config.updates
-                if self.ranks.main and config.eval_interval and (self.update % config.eval_interval == 0 or last):
-                    print(f"  evaluating {config.eval_episodes} unseen episodes ...", end="", flush=True)
-                    evaluation = self.evaluate()
-                    print(" " + "  ".join(f"{k} {v:.3f}" for k, v in evaluation.items() if k in ("reward", "success")))
-            save_snapshot(self.snapshot, self.checkpoint_path)
+                if config.eval_interval and (self.update % config.eval_interval == 0 or self.update == config.updates):
+                    self.evaluate()
+            save_snapshot(self.snapshot, self.checkpoint_path, self.model_path)
             if self.ranks.main:
-                save_model(self.model, config, self.model_path)
                 self.summaries.hparams(config.to_dict(), last_means, self.progress.env_steps)
         except (KeyboardInterrupt, Exception) as error:
             self._stop(error)
@@ -222,10 +224,7 @@ class PPOTrainer:
         if not self.ranks.main:
             kept = "what rank 0 wrote"
         elif self.snapshot is not None:
-            save_snapshot(self.snapshot, self.checkpoint_path)
-            model = ActorCriticModel(self.config, self.model.observation_shape, self.model.actions)
-            model.load_state_dict(self.snapshot["model"])
-            save_model(model, self.config, self.model_path)
+            save_snapshot(self.snapshot, self.checkpoint_path, self.model_path)
             done = self.snapshot["update"]
             kept = f"{self.checkpoint_path} ({'no update completed yet' if done == 0 else f'after update {done}'})"
         message = stop_message(error, self.ranks, self.update, self.config.updates)
@@ -239,10 +238,13 @@ class PPOTrainer:
             self.summaries.close()
 
 
-def save_snapshot(snapshot: dict | None, path: str) -> None:
-    """Write a snapshot to the checkpoint file ``path``, atomically (rank 0 only: the others hold None)."""
+def save_snapshot(snapshot: dict | None, checkpoint_path: str, model_path: str) -> None:
+    """Write a snapshot as the run's checkpoint and as its model file (what enjoy.py takes), each atomically (rank 0
+    only: the others hold None). Every checkpoint comes with its model file, so a run killed at any moment (a rank
+    stuck in a CUDA synchronisation under NCCL included) leaves both of its last checkpoint."""
     if snapshot is not None:
-        atomic_save(snapshot, path)
+        atomic_save(snapshot, checkpoint_path)
+        atomic_save(model_file(snapshot), model_path)
 
 
 def merge_episodes(parts: list[dict[str, list[float]]]) -> dict[str, list[float]]:

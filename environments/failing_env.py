@@ -1,6 +1,7 @@
 """A tiny vector environment that fails on purpose, for testing how workers report and survive failures."""
 
 import os
+import time
 
 import numpy as np
 from gymnasium import Env, spaces
@@ -21,7 +22,15 @@ class FailingEnv(Env):
 
     metadata = {"render_modes": []}
 
-    def __init__(self, fail_at_step: int = 5, mode: str = "raise", obs_size: int = 4, rank: int = -1) -> None:
+    def __init__(
+        self,
+        fail_at_step: int = 5,
+        mode: str = "raise",
+        obs_size: int = 4,
+        rank: int = -1,
+        evaluation_step_seconds: float = 0.0,
+        evaluation: bool = False,
+    ) -> None:
         """Builds the environment.
 
         Args:
@@ -30,12 +39,15 @@ class FailingEnv(Env):
             obs_size: Length of the observation vector.
             rank: Fail only in the training process of this rank (torchrun's RANK; a single process is rank 0), or
                 in every process with -1.
+            evaluation_step_seconds: How long each step of an evaluation environment sleeps (a slow evaluation).
+            evaluation: Whether this environment plays evaluation episodes.
         """
         if mode not in ("raise", "exit"):
             raise ValueError(f"mode = {mode!r} is not supported; use 'raise' or 'exit'")
         fails_here = rank in (-1, int(os.environ.get("RANK", "0")))
         self._fail_at_step = fail_at_step if fails_here else -1
         self._mode = mode
+        self._step_seconds = evaluation_step_seconds if evaluation else 0.0
         self.observation_space = spaces.Box(low=0.0, high=1.0, shape=(obs_size,), dtype=np.float32)
         self.action_space = spaces.Discrete(2)
         self.max_episode_steps = EPISODE_LENGTH
@@ -66,6 +78,8 @@ class FailingEnv(Env):
             Observation (obs_size,), reward 1.0, terminated (after 8 steps), truncated (never) and info.
         """
         self.lifetime_steps += 1
+        if self._step_seconds:
+            time.sleep(self._step_seconds)
         if self.lifetime_steps == self._fail_at_step:
             if self._mode == "exit":
                 os._exit(EXIT_CODE)
@@ -99,8 +113,9 @@ FAMILY = EnvFamily(
         "mode": Key("raise", '"raise" a RuntimeError or "exit" the process with code 3'),
         "obs_size": Key(4, "length of the observation vector"),
         "rank": Key(-1, "fail only in the training process of this rank (torchrun), -1 in every process"),
+        "evaluation_step_seconds": Key(0.0, "seconds each step of an evaluation episode sleeps (a slow evaluation)"),
     },
     check=_check,
     render_modes=(None,),
-    make=lambda config, render_mode, evaluation: FailingEnv(**config),
+    make=lambda config, render_mode, evaluation: FailingEnv(**config, evaluation=evaluation),
 )

@@ -28,9 +28,12 @@ SMALL = [
 ]  # fmt: skip
 
 
-def run(folder: str, args: list[str], processes: int = 1, timeout: int = 240) -> subprocess.CompletedProcess:
-    """train.py in ``folder``, plainly or under torchrun with ``processes`` processes (one thread each)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def run(
+    folder: str, args: list[str], processes: int = 1, timeout: int = 240, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """train.py in ``folder``, plainly or under torchrun with ``processes`` processes (one thread each), with the
+    variables of ``env`` added to the environment."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     if processes == 1:
         command = [sys.executable, TRAIN, *args]
     else:
@@ -156,6 +159,42 @@ def test_a_failing_rank_stops_every_rank_with_its_error(tmp_path: str) -> None:
     assert "deliberate failure at step 20" in result.stderr
     leftover = subprocess.run(["pgrep", "-f", "run-id fails"], capture_output=True, text=True)
     assert leftover.returncode == 1, f"no training process is left behind, found: {leftover.stdout}"
+
+
+def test_the_other_ranks_wait_for_an_evaluation_longer_than_the_collective_timeout(tmp_path: str) -> None:
+    # Rank 0 evaluates alone (8 steps x 0.5 s per episode, twice) while the collectives time out after 2 s: the other
+    # rank waits in distributed.wait_for_main's barrier, not in its next training collective.
+    slow = ["--set", "environment={type: Failing, fail_at_step: 1000000000, evaluation_step_seconds: 0.5}"]
+    settings = ["--set", "updates=2", "--set", "eval_interval=1", "--set", "eval_episodes=2"]
+    env = {"TRXL_COLLECTIVE_TIMEOUT_S": "2"}
+    result = run(str(tmp_path), [*SMALL, *slow, *settings, "--run-id", "slow"], processes=2, timeout=180, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("evaluating 2 unseen episodes ... reward 8.000") == 2
+
+
+def test_every_checkpoint_comes_with_its_model_file(tmp_path: str) -> None:
+    # A run killed while blocked (a rank stuck in a CUDA synchronisation under NCCL ignores SIGTERM) keeps the model
+    # file of its last checkpoint, not only the checkpoint: rank 0 writes both at every checkpoint.
+    from conftest import small_config
+
+    from checkpoint import load_file
+    from trainer import PPOTrainer
+
+    config = small_config(updates=3, eval_interval=0, checkpoint_interval=2)
+    trainer = PPOTrainer(config, "run", torch.device("cpu"), 5, models_dir=str(tmp_path), summaries_dir=str(tmp_path))
+    seen = {}
+    optimize = trainer.learner.optimize
+
+    def spy(buffer: object, update: int) -> dict:
+        if update == 2:  # in the third update: the checkpoint of update 2 is on disk
+            seen.update(model=load_file(trainer.model_path), checkpoint=load_file(trainer.checkpoint_path))
+        return optimize(buffer, update)
+
+    trainer.learner.optimize = spy
+    trainer.run()
+    assert seen["checkpoint"]["update"] == 2 and seen["model"]["kind"] == "model"
+    for key, value in seen["checkpoint"]["model"].items():
+        assert torch.equal(seen["model"]["model"][key], value), key
 
 
 def test_worker_counts_must_split_over_the_processes(tmp_path: str) -> None:
