@@ -110,3 +110,14 @@ def test_the_readme_links_every_docs_page() -> None:
     readme = read(README_PATH)
     for path in DOC_PATHS:
         assert f"](docs/{os.path.basename(path)})" in readme, f"the README's doc map lacks docs/{os.path.basename(path)}"
+
+
+def test_config_comments_name_result_files_that_exist() -> None:
+    # A config says where its results are (results/<id>) instead of repeating their numbers, which drift.
+    named = 0
+    for path in glob.glob(os.path.join(ROOT, "configs", "**", "*.yaml"), recursive=True):
+        comments = "\n".join(line.split("#", 1)[1] for line in open(path, encoding="utf-8") if "#" in line)
+        for result in re.findall(r"results/[\w./-]*\w", comments):
+            named += 1
+            assert os.path.exists(os.path.join(ROOT, result)), f"{os.path.relpath(path, ROOT)} names {result}"
+    assert named >= 10
