@@ -16,6 +16,8 @@ Options:
   --memory-path=<path>  "fast" (K/V cache and banded attention) or "plain" (per-window specification); default fast,
                         or the checkpoint's on resume.
   --set=<key=value>     Override a config key, e.g. --set updates=10 --set transformer.memory_length=16 (YAML values).
+  --threads=<n>         CPU threads of torch (default: torch's, one per core, or OMP_NUM_THREADS); give a share of
+                        the cores where other trainings run on the same machine (docs/troubleshooting.md).
   -h --help             Show this help.
 """
 
@@ -207,6 +209,11 @@ def train(argv: list[str] | None, ranks: Ranks) -> int:
     except ValueError:
         print(f"error: --seed must be an integer, got '{args['--seed']}'", file=sys.stderr)
         return 2
+    if args["--threads"] is not None:
+        if not args["--threads"].isdigit() or int(args["--threads"]) < 1:
+            print(f"error: --threads must be a whole number >= 1, got '{args['--threads']}'", file=sys.stderr)
+            return 2
+        torch.set_num_threads(int(args["--threads"]))
     resume = args["--resume"]
     if resume and args["--config"] is not None:
         print(

@@ -142,7 +142,8 @@ def test_misspelt_flag_is_named_with_the_closest_flag(
 
 def test_flags_come_from_the_usage_text() -> None:
     assert cli.usage_flags(train.__doc__) == [
-        "--config", "--run-id", "--resume", "--overwrite", "--cpu", "--seed", "--memory-path", "--set", "--help"
+        "--config", "--run-id", "--resume", "--overwrite", "--cpu", "--seed", "--memory-path", "--set", "--threads",
+        "--help",
     ]  # fmt: skip
     assert cli.unknown_flags(["--conf=x", "--c", "--cpu", "--nope", "--", "--later"], cli.usage_flags(train.__doc__)) == [
         "--nope"
@@ -310,6 +311,22 @@ def test_new_run_uses_the_fast_memory_path_by_default(
     monkeypatch.chdir(tmp_path)
     assert train.main([f"--config={poc_config(tmp_path)}", *TINY]) == 0
     assert fake_trainer[0]["memory_path"] == "fast"
+
+
+def test_threads_sets_torchs_threads_and_refuses_a_bad_count(
+    tmp_path: str, monkeypatch: pytest.MonkeyPatch, fake_trainer: list, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert train.main([f"--config={poc_config(tmp_path)}", *TINY, "--threads=1"]) == 0
+        assert torch.get_num_threads() == 1
+        for bad in ("0", "two"):
+            assert train.main([f"--config={poc_config(tmp_path)}", *TINY, f"--threads={bad}"]) == 2
+            assert f"--threads must be a whole number >= 1, got '{bad}'" in capsys.readouterr().err
+    finally:
+        torch.set_num_threads(previous)
 
 
 # 8. Changes of the saved shapes are refused before any worker starts.
