@@ -69,6 +69,17 @@ def model_file(snapshot: dict) -> dict:
     return {"kind": "model", **{key: snapshot[key] for key in keys}}
 
 
+def write_half_precision(source: str, target: str) -> None:
+    """Write the model file ``source`` (or a checkpoint's model) to ``target`` with its float32 weights in float16, half
+    the size, as the repository ships trained models (models/trained/). Loading casts them back to the model's float32
+    parameters (``load_state_dict`` copies into the parameters' dtype); compare the result on unseen episodes before
+    shipping one."""
+    payload = load_file(source)
+    payload = model_file(payload) if payload["kind"] == "checkpoint" else payload
+    weights = {key: value.half() if value.dtype == torch.float32 else value for key, value in payload["model"].items()}
+    atomic_save({**payload, "model": weights}, target)
+
+
 def load_file(path: str) -> dict:
     """Load a model or checkpoint file, with a clear error for a missing or foreign file."""
     if not os.path.isfile(path):
