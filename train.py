@@ -16,8 +16,8 @@ Options:
   --memory-path=<path>  "fast" (K/V cache and banded attention) or "plain" (per-window specification); default fast,
                         or the checkpoint's on resume.
   --set=<key=value>     Override a config key, e.g. --set updates=10 --set transformer.memory_length=16 (YAML values).
-  --threads=<n>         CPU threads of torch (default: torch's, one per core, or OMP_NUM_THREADS); give a share of
-                        the cores where other trainings run on the same machine (docs/troubleshooting.md).
+  --threads=<n>         CPU threads of torch (default: OMP_NUM_THREADS, else one per core that the load average
+                        leaves free, at least 1), e.g. a share of the cores beside other trainings.
   -h --help             Show this help.
 """
 
@@ -46,7 +46,7 @@ from config import (
 from distributed import SINGLE, Ranks
 from observations import normalize_shape, shape_of
 from trainer import PPOTrainer, TrainingStopped, check_memory_path
-from worker import WorkerError
+from worker import WorkerError, usable_cores
 
 MIN_FREE_MB = 100  # refuse to start with less free disk space than this for models and summaries
 DEFAULT_CONFIG = "configs/poc_memory_env.yaml"
@@ -201,6 +201,15 @@ def main(argv: list[str] | None = None) -> int:
     distributed.leave(code)  # everything is saved and closed: skip the shutdown that sometimes aborts (see leave)
 
 
+def default_threads() -> int:
+    """torch's CPU threads where neither --threads nor OMP_NUM_THREADS says: one per core that the 1-minute load
+    average leaves free (at least 1, at most torch's own count). Threads of trainings that share cores spin while they
+    wait for each other: three proof-of-memory trainings side by side on 2 cores took over 30 s per update with 2
+    threads each and 2.6 s with 1 (docs/troubleshooting.md)."""
+    busy = round(os.getloadavg()[0]) if hasattr(os, "getloadavg") else 0
+    return max(1, min(torch.get_num_threads(), usable_cores() - busy))
+
+
 def train(argv: list[str] | None, ranks: Ranks) -> int:
     """train.py's work in this process, one of ``ranks``; returns the exit code."""
     args = parse_args(__doc__, argv)
@@ -214,6 +223,8 @@ def train(argv: list[str] | None, ranks: Ranks) -> int:
             print(f"error: --threads must be a whole number >= 1, got '{args['--threads']}'", file=sys.stderr)
             return 2
         torch.set_num_threads(int(args["--threads"]))
+    elif "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(default_threads())
     resume = args["--resume"]
     if resume and args["--config"] is not None:
         print(

@@ -329,6 +329,21 @@ def test_threads_sets_torchs_threads_and_refuses_a_bad_count(
         torch.set_num_threads(previous)
 
 
+def test_default_threads_leave_the_busy_cores_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(train, "usable_cores", lambda: 2)
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        monkeypatch.setattr(os, "getloadavg", lambda: (2.1, 2.0, 1.0))  # two busy cores: one thread anyway
+        assert train.default_threads() == 1
+        monkeypatch.setattr(os, "getloadavg", lambda: (0.9, 0.5, 0.2))
+        assert train.default_threads() == 1
+        monkeypatch.setattr(os, "getloadavg", lambda: (0.2, 0.5, 0.2))  # an idle machine: torch's own count
+        assert train.default_threads() == 2
+    finally:
+        torch.set_num_threads(previous)
+
+
 # 8. Changes of the saved shapes are refused before any worker starts.
 
 
