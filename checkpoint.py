@@ -155,15 +155,17 @@ def snapshot_training(
     With ``ranks`` of several processes each holds its own workers, memory and GPU generator: they are gathered on
     rank 0, which returns the snapshot of all of them; the other ranks return None.
     """
-    cuda = next(model.parameters()).device.type == "cuda"
+    device = next(model.parameters()).device
+    cuda = device.type == "cuda"
+    memory, trace_state = memory_state.state_dict(), trace.state_dict()  # CPU copies
     shards = None
     if ranks.distributed:
-        shard = {  # state_dict() gives CPU copies
+        shard = {
             "workers": workers_state,
-            "memory": memory_state.state_dict(),
-            "trace": trace.state_dict(),
+            "memory": memory,
+            "trace": trace_state,
             # Each rank samples on its own GPU, whose generator only that rank's process knows.
-            "cuda_rng": torch.cuda.get_rng_state(next(model.parameters()).device) if cuda else None,
+            "cuda_rng": torch.cuda.get_rng_state(device) if cuda else None,
         }
         shards = gather_to_main(shard, ranks)
         if shards is None:
@@ -189,8 +191,8 @@ def snapshot_training(
             "minibatch": generator.get_state(),
         },
         "workers": workers_state,
-        "memory": memory_state.state_dict(),
-        "trace": trace.state_dict(),
+        "memory": memory,
+        "trace": trace_state,
     }
     if shards is not None:
         snapshot.update(

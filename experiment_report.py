@@ -14,7 +14,6 @@ from evaluation import summarize
 from seeds import Seed
 
 SUCCESS_THRESHOLD = 0.9  # default steps-to-threshold level of the success rate
-
 SOLVED = 1.0  # success rate of an update in which the task counts as solved (for falls_after_solving)
 
 

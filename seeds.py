@@ -29,15 +29,10 @@ from evaluation import evaluate
 from worker import usable_cores
 
 TRAIN = os.path.join(ROOT, "train.py")
-
 MODELS_DIR, RESULTS_DIR = "models", "results"  # relative to the current folder, as train.py's models/
-
 EVALUATION_SEED = 0  # every model plays the same unseen episodes, so the seeds are compared on equal terms
-
 PROGRESS_SECONDS = 60  # how often a running seed's last console line is repeated, so a long run is not silent
-
 STOP_SECONDS = 120  # how long an interrupted seed may take to write its checkpoint before it is killed
-
 POLL_SECONDS = 0.2
 
 

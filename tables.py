@@ -76,10 +76,15 @@ def readme_row(row: dict) -> str:
     return f"| {link} | {labels} | {seeds} | {results} | {steps(env_steps)} | {times} |"
 
 
-def readme_table(spec_path: str = SPEC) -> str:
-    """The README's results table, between its markers."""
+def load_spec(spec_path: str = SPEC) -> dict:
+    """results/tables.yaml: the README's rows and the results page's tables."""
     with open(spec_path) as file:
-        spec = yaml.safe_load(file)
+        return yaml.safe_load(file)
+
+
+def readme_table(spec: dict | None = None) -> str:
+    """The README's results table of ``spec`` (results/tables.yaml by default), between its markers."""
+    spec = load_spec() if spec is None else spec
     rows = [readme_row(row) for row in spec["readme"]]
     return "\n".join([BEGIN, HEADER, *rows, END])
 
@@ -134,10 +139,9 @@ def results_table(name: str, experiments: dict[str, str]) -> str:
 
 def write_tables(readme: str = README, results: str = RESULTS, spec_path: str = SPEC) -> list[str]:
     """Rewrite the README's results table and the results page's named tables; returns the files that changed."""
-    with open(spec_path) as file:
-        spec = yaml.safe_load(file)
+    spec = load_spec(spec_path)
     changed = []
-    for path, tables in ((readme, [(BEGIN, END, readme_table(spec_path))]), (results, page_tables(spec))):
+    for path, tables in ((readme, [(BEGIN, END, readme_table(spec))]), (results, page_tables(spec))):
         with open(path) as file:
             text = file.read()
         updated = text
