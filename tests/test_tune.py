@@ -10,6 +10,7 @@ import sys
 
 import optuna
 import pytest
+import yaml
 from docopt import docopt
 
 import tune
@@ -127,3 +128,16 @@ def test_bad_search_file_is_refused(tmp_path: str, search: str, expected: list[s
     for text in expected:
         assert text in result.stderr
     assert not os.path.exists(os.path.join(tmp_path, "results", "tune", "bad"))  # refused before any work
+
+
+@pytest.mark.parametrize("name", sorted(os.listdir(os.path.join(ROOT, "configs", "search"))))
+def test_shipped_search_files_fit_the_config_they_name(name: str) -> None:
+    """Each shipped search file names its command in a comment; every value it can take gives a valid config on top of
+    that command's --config."""
+    path = os.path.join(ROOT, "configs", "search", name)
+    with open(path) as file:
+        command = next(line for line in file if "python tune.py" in line)
+    config = command.split("--config ")[1].split()[0]
+    with open(os.path.join(ROOT, config)) as file:
+        base = yaml.safe_load(file)
+    assert tune.load_search(path, base)
