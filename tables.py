@@ -116,22 +116,48 @@ def reached(summary: dict) -> str:
     return f"{to_threshold['reached']} of {to_threshold['runs']}" + (f": at {', '.join(steps(s) for s in at)}" if at else "")
 
 
+def fell(summary: dict) -> str:
+    """ "1 of 6 (11 updates)": of the seeds whose training metric reached ``reach``, those that later fell below
+    ``floor`` (and their updates below it, all seeds together); "-" without the count or without a seed that reached."""
+    falls = summary.get("falls_after_solving")
+    if not falls or not falls["runs_reached"]:
+        return "-"
+    shown = f"{falls['runs_below']} of {falls['runs_reached']}"
+    return shown + (f" ({falls['updates_below']} updates)" if falls["runs_below"] else "")
+
+
+def fell_header(summaries: list[dict]) -> str:
+    """The stability column's header: "fell below 0.9 after reaching 1" when the summaries that count falls agree."""
+    rules = {(falls["floor"], falls["reach"]) for falls in (s.get("falls_after_solving") for s in summaries) if falls}
+    if len(rules) != 1:
+        return "fell back after solving"
+    floor, reach = rules.pop()
+    return f"fell below {floor:g} after reaching {reach:g}"
+
+
+def finals_by_seed(summary: dict) -> list[float]:
+    """The final value of each finished seed, in the order of the seeds (a summary lists them as they finished)."""
+    return [final for _, final in sorted(zip(summary["finished_seeds"], summary["final"]["per_seed"], strict=True))]
+
+
 def results_table(name: str, experiments: dict[str, str]) -> str:
     """The results page's table ``name``: one row per experiment (label -> results/<id>), between its markers."""
     loaded = {label: load_experiment(experiment) for label, experiment in experiments.items()}
-    metric = " / ".join(sorted({summary["metric"] for summary, _ in loaded.values()}))
-    threshold = {summary["steps_to_threshold"]["threshold"] for summary, _ in loaded.values()} - {None}
+    summaries = [summary for summary, _ in loaded.values()]
+    metric = " / ".join(sorted({summary["metric"] for summary in summaries}))
+    threshold = {summary["steps_to_threshold"]["threshold"] for summary in summaries} - {None}
     reach = f"training {metric} {min(threshold):g} reached" if threshold else "training threshold"
     lines = [
-        f"| setting | seeds | final {metric}, IQM [95% CI] | per seed | {reach} | env steps | minutes per seed |",
-        "|---|---|---|---|---|---|---|",
+        f"| setting | seeds | final {metric}, IQM [95% CI] | per seed | {reach} | {fell_header(summaries)} | env steps "
+        "| minutes per seed |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for label, (summary, records) in loaded.items():
-        per_seed = ", ".join(value(final, summary["metric"]) for final in summary["final"]["per_seed"])
+        per_seed = ", ".join(value(final, summary["metric"]) for final in finals_by_seed(summary))
         env_steps = max(seed["env_steps"] for seed in summary["per_seed"])
         lines.append(
             f"| {label} | {len(summary['finished_seeds'])} | {result(summary)} | {per_seed} | {reached(summary)} "
-            f"| {steps(env_steps)} | {minutes(records)} |"
+            f"| {fell(summary)} | {steps(env_steps)} | {minutes(records)} |"
         )
     begin, end = markers(name)
     return "\n".join([begin, *lines, end])

@@ -3,6 +3,7 @@ names give (python plot.py --tables)."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -62,3 +63,43 @@ def test_a_changed_summary_changes_the_table(tmp_path: str, monkeypatch: pytest.
     assert f"0.50 [{low}, {high}]" in tables.readme_table()
     with pytest.raises(ValueError, match="markers"):
         tables.replace_table("no table here", "")
+
+
+def fake_summary(finished: list[int], finals: list[float], falls: dict | None) -> dict:
+    """A summary with what results_table reads: ``finals`` in the order the seeds ``finished``."""
+    return {
+        "finished_seeds": finished,
+        "metric": "success",
+        "final": {"iqm": 0.75, "ci_low": 0.5, "ci_high": 1.0, "per_seed": finals},
+        "per_seed": [{"seed": seed, "env_steps": 4096} for seed in finished],
+        "steps_to_threshold": {"threshold": None},
+        "falls_after_solving": falls,
+    }
+
+
+def test_the_results_table_counts_the_seeds_that_fell_after_solving(tmp_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    falls = {"reach": 1.0, "floor": 0.8, "runs_reached": 3, "runs_below": 2, "updates_below": 7}
+    summaries = {
+        "fell": fake_summary([2, 0, 1], [0.5, 1.0, 0.75], falls),
+        "held": fake_summary([0, 1], [1.0, 1.0], {**falls, "runs_reached": 2, "runs_below": 0, "updates_below": 0}),
+        "never solved": fake_summary([0], [0.5], {**falls, "runs_reached": 0, "runs_below": 0}),
+        "not counted": fake_summary([0], [0.5], None),
+    }
+    for name, summary in summaries.items():
+        (tmp_path / "results" / name).mkdir(parents=True)
+        (tmp_path / "results" / name / "summary.json").write_text(json.dumps(summary))
+    monkeypatch.setattr(tables, "ROOT", str(tmp_path))
+    rows = tables.results_table("demo", {name: name for name in summaries}).splitlines()
+    header = [cell.strip() for cell in rows[1].split("|")]
+    assert "fell below 0.8 after reaching 1" in header
+    column = header.index("fell below 0.8 after reaching 1")
+    cells = {row.split("|")[1].strip(): [cell.strip() for cell in row.split("|")] for row in rows[3:-1]}
+    assert {name: row[column] for name, row in cells.items()} == {
+        "fell": "2 of 3 (7 updates)",
+        "held": "0 of 2",
+        "never solved": "-",
+        "not counted": "-",
+    }
+    assert cells["fell"][header.index("per seed")] == "1.00, 0.75, 0.50", "per seed in the order of the seeds"
+    without = tables.results_table("demo", {"not counted": "not counted"}).splitlines()[1]
+    assert "| fell back after solving |" in without
