@@ -30,12 +30,14 @@ A panel file:
       sets: [updates=75]
       threshold: 190               # steps-to-threshold level (default: 0.9 for success, none for reward)
       memory_sets: {gru: [recurrence.hidden_state_size=64]}
+      runs: {trxl: cartpole-trxl}  # pairs already measured as an experiment (results/<id>) with the pair's settings
 
 Pairs run one after the other, in the file's order (tasks, then memories); running the command again skips the
 seeds that finished (experiment.py's records) and resumes the rest, so a panel can be spread over several sessions.
 The table has one row per pair: the final models' IQM over the seeds with its 95% bootstrap interval, the seeds that
 reached the threshold and the IQM of their steps to it, and the median training minutes per seed (rollouts and
-optimisation, from the logged steps per second).
+optimisation, from the logged steps per second). A pair named under `runs` is not trained: its row is that
+experiment's, with its own seeds; the panel refuses it unless its seeds' records were trained with the pair's settings.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ import numpy as np
 import experiment
 import seeds
 from cli import parse_args
-from config import read_yaml
+from config import load_config, parse_overrides, read_yaml
 from train import config_path
 
 PANEL_DIR = os.path.join("results", "panel")
@@ -75,7 +77,7 @@ def load_panel(path: str) -> dict:
     for name, task in panel["tasks"].items():
         if not isinstance(task, dict) or "config" not in task:
             raise PanelError(f"panel file '{path}': task '{name}' needs a config, e.g. {{config: configs/cartpole.yaml}}")
-        unknown = sorted(set(task) - {"config", "sets", "threshold", "memory_sets"})
+        unknown = sorted(set(task) - {"config", "sets", "threshold", "memory_sets", "runs"})
         if unknown:
             raise PanelError(f"panel file '{path}': task '{name}' has the unknown key '{unknown[0]}'")
         if not os.path.isfile(config_path(task["config"])):
@@ -83,7 +85,56 @@ def load_panel(path: str) -> dict:
         for memory in task.get("memory_sets", {}) or {}:
             if memory not in panel["memories"]:
                 raise PanelError(f"panel file '{path}': task '{name}' sets memory '{memory}', which memories lacks")
+        for memory, run_id in (task.get("runs", {}) or {}).items():
+            if memory not in panel["memories"]:
+                raise PanelError(f"panel file '{path}': task '{name}' runs memory '{memory}', which memories lacks")
+            check_linked_run(panel, name, memory, run_id)
     return panel
+
+
+def pair_sets(panel: dict, task: str, memory: str) -> list[str]:
+    """The --set items of one pair: the task's, then the memory's, then the task's for that memory."""
+    spec = panel["tasks"][task]
+    return [*spec.get("sets", []), *panel["memories"][memory], *(spec.get("memory_sets", {}) or {}).get(memory, [])]
+
+
+def settings_differences(recorded: dict, wanted: dict, prefix: str = "") -> list[str]:
+    """Keys whose value differs between a seed record's config and a pair's config, skipping keys the record lacks
+    (added to the trainer since, with the behaviour before as their default) and the sections of the memories not in
+    use."""
+    in_use = {"trxl": "transformer", "gru": "recurrence", "lstm": "recurrence"}.get(wanted.get("memory"))
+    unused = {"transformer", "recurrence"} - {in_use}
+    differences = []
+    for key, value in wanted.items():
+        if key not in recorded or (not prefix and key in unused):
+            continue
+        if isinstance(value, dict) and isinstance(recorded[key], dict):
+            differences += settings_differences(recorded[key], value, f"{prefix}{key}.")
+        elif recorded[key] != value:
+            differences.append(f"{prefix}{key}: {recorded[key]!r} there, {value!r} in the pair")
+    return differences
+
+
+def check_linked_run(panel: dict, task: str, memory: str, run_id: str) -> None:
+    """A pair's linked experiment exists and each of its finished seeds was trained with the pair's settings."""
+    folder = os.path.join(seeds.RESULTS_DIR, str(run_id))
+    where = f"task '{task}', memory '{memory}': runs names '{run_id}'"
+    if not os.path.isfile(os.path.join(folder, "summary.json")):
+        raise PanelError(f"{where}, which has no {folder}/summary.json: run it with experiment.py or drop it from runs")
+    with open(os.path.join(folder, "summary.json")) as file:
+        finished = json.load(file)["finished_seeds"]
+    config = load_config(config_path(panel["tasks"][task]["config"]), parse_overrides(pair_sets(panel, task, memory)))
+    wanted = config.to_dict()
+    for seed in finished:
+        with open(os.path.join(folder, f"seed-{seed}.json")) as file:
+            recorded = json.load(file)["config"]
+        differences = settings_differences(recorded, wanted)
+        if differences:
+            raise PanelError(f"{where}, whose seed {seed} was trained otherwise ({'; '.join(differences[:3])})")
+
+
+def linked_run(panel: dict, task: str, memory: str) -> str | None:
+    return (panel["tasks"][task].get("runs", {}) or {}).get(memory)
 
 
 def pairs(panel: dict) -> list[tuple[str, str]]:
@@ -96,8 +147,7 @@ def selected(task: str, memory: str, only: list[str] | None) -> bool:
 
 def arguments(panel: dict, panel_id: str, task: str, memory: str, jobs: int, cpu: bool) -> list[str]:
     """experiment.py's arguments for one pair."""
-    spec = panel["tasks"][task]
-    sets = [*spec.get("sets", []), *panel["memories"][memory], *(spec.get("memory_sets", {}) or {}).get(memory, [])]
+    spec, sets = panel["tasks"][task], pair_sets(panel, task, memory)
     argv = [f"--config={spec['config']}", f"--seeds={panel['seeds']}", f"--run-id=panel/{panel_id}/{task}-{memory}"]
     argv += [f"--jobs={jobs}", f"--eval-episodes={panel.get('eval_episodes', 100)}", *[f"--set={s}" for s in sets]]
     if spec.get("threshold") is not None:
@@ -105,9 +155,11 @@ def arguments(panel: dict, panel_id: str, task: str, memory: str, jobs: int, cpu
     return argv + (["--cpu"] if cpu else [])
 
 
-def row(panel_id: str, task: str, memory: str) -> dict | None:
-    """One pair's entry of the table from its experiment's summary and seed records; None without a summary."""
-    folder = os.path.join(seeds.RESULTS_DIR, "panel", panel_id, f"{task}-{memory}")
+def row(panel: dict, panel_id: str, task: str, memory: str) -> dict | None:
+    """One pair's entry of the table from its experiment's summary and seed records (its linked run's where it has
+    one); None without a summary."""
+    linked = linked_run(panel, task, memory)
+    folder = os.path.join(seeds.RESULTS_DIR, *([linked] if linked else ["panel", panel_id, f"{task}-{memory}"]))
     path = os.path.join(folder, "summary.json")
     if not os.path.isfile(path):
         return None
@@ -118,7 +170,7 @@ def row(panel_id: str, task: str, memory: str) -> dict | None:
         with open(os.path.join(folder, f"seed-{seed}.json")) as file:
             record = json.load(file)
         value = record.get("seconds")
-        if value is None and os.path.isdir(record["summary_dir"]):
+        if value is None and os.path.isdir(record.get("summary_dir", "")):
             value = seeds.training_seconds(record["config"], record["summary_dir"])
         if value is not None:
             seconds.append(value)
@@ -138,6 +190,7 @@ def row(panel_id: str, task: str, memory: str) -> dict | None:
         "seconds_per_seed": round(float(np.median(seconds)), 3) if seconds else None,
         "failures": len(summary["failures"]),
         "command": summary["command"],
+        "experiment": os.path.relpath(folder, seeds.RESULTS_DIR),
     }
 
 
@@ -171,7 +224,7 @@ def table(rows: list[dict], panel_id: str) -> str:
 
 def write_table(panel: dict, panel_id: str) -> dict:
     """Write table.md and table.json from every pair's results; returns the JSON."""
-    rows = [entry for task, memory in pairs(panel) if (entry := row(panel_id, task, memory)) is not None]
+    rows = [entry for task, memory in pairs(panel) if (entry := row(panel, panel_id, task, memory)) is not None]
     folder = os.path.join(PANEL_DIR, panel_id)
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "table.md"), "w") as file:
@@ -208,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
         todo = [(task, memory) for task, memory in pairs(panel) if selected(task, memory, only)]
         for n, (task, memory) in enumerate(todo, 1):
             print(f"panel {args['--id']}: pair {n} of {len(todo)}: {task} with {memory}", flush=True)
+            if linked_run(panel, task, memory):
+                print(f"  measured as results/{linked_run(panel, task, memory)} (runs): not trained here", flush=True)
+                continue
             code = experiment.main(arguments(panel, args["--id"], task, memory, jobs, bool(args["--cpu"])))
             if code == 130:
                 print("interrupted: run the same command again to continue the panel", file=sys.stderr)

@@ -27,10 +27,10 @@ tasks:
 """
 
 
-def run_panel(folder: str, text: str, *flags: str) -> subprocess.CompletedProcess:
+def run_panel(folder: str, text: str, *flags: str, panel_id: str = "tiny") -> subprocess.CompletedProcess:
     with open(os.path.join(folder, "panel.yaml"), "w") as file:
         file.write(text)
-    command = [sys.executable, os.path.join(ROOT, "panel.py"), "--panel=panel.yaml", "--id=tiny", "--cpu", *flags]
+    command = [sys.executable, os.path.join(ROOT, "panel.py"), "--panel=panel.yaml", f"--id={panel_id}", "--cpu", *flags]
     return subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=300)
 
 
@@ -86,6 +86,28 @@ def test_a_reward_task_without_threshold_has_a_row(tmp_path: str, monkeypatch: p
     with open(os.path.join(folder, "summary.json"), "w") as file:
         json.dump(summary, file)
     monkeypatch.chdir(tmp_path)
-    entry = panel.row("p", "cartpole", "gru")
+    entry = panel.row({"tasks": {"cartpole": {"config": "configs/cartpole.yaml"}}}, "p", "cartpole", "gru")
     assert entry["threshold"] is None and entry["reached"] is None and entry["iqm"] == 150.0
     assert "| cartpole | gru | reward |" in panel.table([entry], "p")
+
+
+def test_a_pair_measured_before_is_linked_not_trained(tmp_path: str) -> None:
+    # The no-memory pair of a first panel becomes the linked run of a second panel's same pair.
+    assert run_panel(str(tmp_path), TINY, "--only=none").returncode == 0
+    linked = TINY.replace("    sets:", "    runs: {none: panel/tiny/poc-none}\n    sets:")
+    result = run_panel(str(tmp_path), linked, "--only=none", panel_id="second")
+    assert result.returncode == 0, result.stderr
+    assert "measured as results/panel/tiny/poc-none (runs): not trained here" in result.stdout
+    assert not os.path.exists(os.path.join(tmp_path, "results", "panel", "second", "poc-none"))
+    table = json.load(open(os.path.join(tmp_path, "results", "panel", "second", "table.json")))
+    first = json.load(open(os.path.join(tmp_path, "results", "panel", "tiny", "table.json")))
+    assert [row["experiment"] for row in table["rows"]] == ["panel/tiny/poc-none"]
+    assert table["rows"][0]["iqm"] == first["rows"][0]["iqm"]
+    # A linked run trained with other settings, or missing, is refused before anything trains.
+    changed = linked.replace("eval_interval=0,", "eval_interval=0, gamma=0.9,")
+    result = run_panel(str(tmp_path), changed, panel_id="third")
+    assert result.returncode == 2 and "seed 0 was trained otherwise (gamma: 0.99 there, 0.9 in the pair)" in result.stderr
+    missing = TINY.replace("    sets:", "    runs: {none: nothing-here}\n    sets:")
+    result = run_panel(str(tmp_path), missing, panel_id="third")
+    assert result.returncode == 2 and "runs names 'nothing-here', which has no" in result.stderr
+    assert not os.path.exists(os.path.join(tmp_path, "results", "panel", "third"))
