@@ -50,6 +50,7 @@ import numpy as np
 
 import experiment
 import seeds
+import tables
 from cli import parse_args
 from config import load_config, parse_overrides, read_yaml
 from train import config_path
@@ -210,14 +211,15 @@ def table(rows: list[dict], panel_id: str) -> str:
     for entry in rows:
         best[entry["task"]] = max(best.get(entry["task"], -np.inf), entry["iqm"])
     for entry in rows:
-        score = f"{entry['iqm']:.3g} [{entry['ci'][0]:.3g}, {entry['ci'][1]:.3g}]"
+        low, high = (tables.value(bound, entry["metric"]) for bound in entry["ci"])
+        score = f"{tables.value(entry['iqm'], entry['metric'])} [{low}, {high}]"
         score = f"**{score}**" if entry["iqm"] == best[entry["task"]] else score
         threshold = "-" if entry["threshold"] is None else f"{entry['reached']} of {entry['seeds']} at {entry['threshold']:g}"
-        steps = "-" if entry["steps_to_threshold_iqm"] is None else f"{entry['steps_to_threshold_iqm'] / 1e3:.0f}k"
+        steps = "-" if entry["steps_to_threshold_iqm"] is None else tables.steps(entry["steps_to_threshold_iqm"])
         minutes = "-" if entry["seconds_per_seed"] is None else f"{entry['seconds_per_seed'] / 60:.1f}"
         lines.append(
             f"| {entry['task']} | {entry['memory']} | {entry['metric']} | {entry['seeds']} | {score} | {threshold} | {steps} "
-            f"| {entry['env_steps']} | {minutes} |"
+            f"| {'-' if entry['env_steps'] is None else tables.steps(entry['env_steps'])} | {minutes} |"
         )
     return "\n".join(lines) + "\n"
 

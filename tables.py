@@ -180,6 +180,18 @@ def write_tables(readme: str = README, results: str = RESULTS, spec_path: str = 
     return changed
 
 
+def copied_table(name: str, path: str) -> str:
+    """The results page's table ``name``: the markdown table of a generated file (e.g. panel.py's
+    results/panel/<id>/table.md), between its markers."""
+    with open(os.path.join(ROOT, path)) as file:
+        rows = [line.rstrip("\n") for line in file if line.startswith("|")]
+    if not rows:
+        raise ValueError(f"{path} holds no markdown table (results/tables.yaml, copies: {name})")
+    return "\n".join([markers(name)[0], *rows, markers(name)[1]])
+
+
 def page_tables(spec: dict) -> list[tuple[str, str, str]]:
-    """(begin marker, end marker, table) of every table of the results page in ``spec``."""
-    return [(*markers(name), results_table(name, experiments)) for name, experiments in spec.get("results", {}).items()]
+    """(begin marker, end marker, table) of every table of the results page in ``spec``: those built from experiments
+    (``results``) and those copied from other generated files (``copies``)."""
+    built = [(*markers(name), results_table(name, experiments)) for name, experiments in spec.get("results", {}).items()]
+    return built + [(*markers(name), copied_table(name, path)) for name, path in spec.get("copies", {}).items()]

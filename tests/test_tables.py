@@ -103,3 +103,14 @@ def test_the_results_table_counts_the_seeds_that_fell_after_solving(tmp_path: st
     assert cells["fell"][header.index("per seed")] == "1.00, 0.75, 0.50", "per seed in the order of the seeds"
     without = tables.results_table("demo", {"not counted": "not counted"}).splitlines()[1]
     assert "| fell back after solving |" in without
+
+
+def test_a_copied_file_without_a_table_is_refused(tmp_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    with open(os.path.join(tmp_path, "table.md"), "w") as file:
+        file.write("# Panel\n\n| task | memory |\n|---|---|\n| poc | trxl |\n")
+    monkeypatch.setattr(tables, "ROOT", str(tmp_path))
+    assert tables.copied_table("panel", "table.md").splitlines()[1:-1] == ["| task | memory |", "|---|---|", "| poc | trxl |"]
+    with open(os.path.join(tmp_path, "empty.md"), "w") as file:
+        file.write("# Panel\n\nno pair has results yet\n")
+    with pytest.raises(ValueError, match="empty.md holds no markdown table"):
+        tables.copied_table("panel", "empty.md")
