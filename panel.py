@@ -166,15 +166,13 @@ def row(panel: dict, panel_id: str, task: str, memory: str) -> dict | None:
         return None
     with open(path) as file:
         summary = json.load(file)
-    seconds = []
+    seconds = []  # only what the records hold, so that the table is the same on every clone
     for seed in summary["finished_seeds"]:
-        with open(os.path.join(folder, f"seed-{seed}.json")) as file:
-            record = json.load(file)
-        value = record.get("seconds")
-        if value is None and os.path.isdir(record.get("summary_dir", "")):
-            value = seeds.training_seconds(record["config"], record["summary_dir"])
-        if value is not None:
-            seconds.append(value)
+        path = os.path.join(folder, f"seed-{seed}.json")
+        if os.path.isfile(path):
+            with open(path) as file:
+                value = json.load(file).get("seconds")
+            seconds += [] if value is None else [value]
     final, steps = summary["final"], summary["steps_to_threshold"]
     return {
         "task": task,
@@ -224,9 +222,14 @@ def table(rows: list[dict], panel_id: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def pair_rows(panel: dict, panel_id: str) -> list[dict]:
+    """The table's entries of every pair that has results, in panel order."""
+    return [entry for task, memory in pairs(panel) if (entry := row(panel, panel_id, task, memory)) is not None]
+
+
 def write_table(panel: dict, panel_id: str) -> dict:
     """Write table.md and table.json from every pair's results; returns the JSON."""
-    rows = [entry for task, memory in pairs(panel) if (entry := row(panel, panel_id, task, memory)) is not None]
+    rows = pair_rows(panel, panel_id)
     folder = os.path.join(PANEL_DIR, panel_id)
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "table.md"), "w") as file:

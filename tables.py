@@ -6,6 +6,7 @@ differs from what the JSON gives).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
@@ -166,6 +167,7 @@ def results_table(name: str, experiments: dict[str, str]) -> str:
 def write_tables(readme: str = README, results: str = RESULTS, spec_path: str = SPEC) -> list[str]:
     """Rewrite the README's results table and the results page's named tables; returns the files that changed."""
     spec = load_spec(spec_path)
+    write_panels(spec)
     changed = []
     for path, tables in ((readme, [(BEGIN, END, readme_table(spec))]), (results, page_tables(spec))):
         with open(path) as file:
@@ -180,18 +182,29 @@ def write_tables(readme: str = README, results: str = RESULTS, spec_path: str = 
     return changed
 
 
-def copied_table(name: str, path: str) -> str:
-    """The results page's table ``name``: the markdown table of a generated file (e.g. panel.py's
-    results/panel/<id>/table.md), between its markers."""
-    with open(os.path.join(ROOT, path)) as file:
-        rows = [line.rstrip("\n") for line in file if line.startswith("|")]
-    if not rows:
-        raise ValueError(f"{path} holds no markdown table (results/tables.yaml, copies: {name})")
+def panel_table(name: str, panel_file: str, panel_id: str) -> str:
+    """The results page's table ``name``: the leaderboard of panel.py's panel ``panel_file`` with results
+    results/panel/<panel_id>/ (its table.md's rows), built from the summaries, between its markers."""
+    import panel  # panel.py imports this module for its number formats
+
+    with contextlib.chdir(ROOT):  # panel.py's paths are relative to the repository, as when it runs
+        leaderboard = panel.table(panel.pair_rows(panel.load_panel(panel_file), panel_id), panel_id)
+    rows = [line for line in leaderboard.splitlines() if line.startswith("|")]
     return "\n".join([markers(name)[0], *rows, markers(name)[1]])
 
 
+def write_panels(spec: dict) -> None:
+    """Rewrite each panel's results/panel/<id>/table.md and table.json from the summaries."""
+    import panel
+
+    with contextlib.chdir(ROOT):
+        for entry in spec.get("panels", {}).values():
+            panel.write_table(panel.load_panel(entry["file"]), entry["id"])
+
+
 def page_tables(spec: dict) -> list[tuple[str, str, str]]:
-    """(begin marker, end marker, table) of every table of the results page in ``spec``: those built from experiments
-    (``results``) and those copied from other generated files (``copies``)."""
+    """(begin marker, end marker, table) of every table of the results page in ``spec``: those of experiments
+    (``results``) and those of panels (``panels``)."""
     built = [(*markers(name), results_table(name, experiments)) for name, experiments in spec.get("results", {}).items()]
-    return built + [(*markers(name), copied_table(name, path)) for name, path in spec.get("copies", {}).items()]
+    panels = spec.get("panels", {}).items()
+    return built + [(*markers(name), panel_table(name, entry["file"], entry["id"])) for name, entry in panels]
