@@ -27,9 +27,10 @@ A search file maps config keys (dotted, as --set writes them) to a range or a li
   transformer.memory_gradients: {choices: [true, false]}
 
 The metric of an update is the success rate of its finished episodes where the task reports one, else their mean
-reward. A trial's score is the interquartile mean over its seeds of each seed's objective. TPE samples the keys;
-a median pruner stops a trial whose running score (the objective of the updates so far) falls below the median of
-earlier trials at the same update. Trials skip the periodic evaluations (eval_interval 0) unless --set says
+reward. A trial's score is the interquartile mean over its seeds of each seed's objective. A new study's first
+trial is the base config as it is (where its values lie in the search space). TPE samples the keys; a median
+pruner stops a trial whose running score (the objective of the updates so far) falls below the median of earlier
+trials at the same update. Trials skip the periodic evaluations (eval_interval 0) unless --set says
 otherwise. Seed k of trial n trains as run tune/<id>/trial-n/seed-k (models/ and summaries/ as for train.py).
 
 At the end: results/tune/<id>/best.yaml (the base config with the best trial's values, a standalone config),
@@ -128,6 +129,27 @@ def sample(trial: optuna.Trial, space: dict[str, dict]) -> dict[str, object]:
             values[key] = trial.suggest_float(
                 key, spec["low"], spec["high"], step=spec.get("step"), log=spec.get("log", False)
             )
+    return values
+
+
+def base_values(base: dict, space: dict[str, dict]) -> dict[str, object] | None:
+    """The base config's own value of every searched key (defaults included), or None where one lies outside the
+    search space (not among a key's choices, or beyond its range)."""
+    config = validate_config(base).to_dict()
+    values = {}
+    for key, spec in space.items():
+        value = config
+        for part in key.split("."):
+            value = value[part]
+        if "choices" in spec:
+            inside = value in spec["choices"]
+        else:
+            integers = all(isinstance(spec[end], int) for end in ("low", "high"))
+            number = isinstance(value, int if integers else int | float) and not isinstance(value, bool)
+            inside = number and spec["low"] <= value <= spec["high"]
+        if not inside:
+            return None
+        values[key] = value
     return values
 
 
@@ -317,13 +339,16 @@ def report(study: optuna.Study, settings: Study) -> dict:
     for trial in rows:
         per_seed = ", ".join(f"{v:.3f}" for v in trial.user_attrs.get("per_seed", []))
         params = " | ".join(shown(trial.params.get(key, "")) for key in settings.space)
+        number = f"{trial.number} (base config)" if trial.user_attrs.get("base") else str(trial.number)
         lines.append(
-            f"| {trial.number} | {trial.value:.4f} | {per_seed} | {trial.user_attrs.get('seconds', 0) / 60:.1f} | {params} |"
+            f"| {number} | {trial.value:.4f} | {per_seed} | {trial.user_attrs.get('seconds', 0) / 60:.1f} | {params} |"
         )
     with open(os.path.join(settings.folder, "trials.md"), "w") as file:
         file.write("\n".join(lines) + "\n")
     importances = importance_figure(study, os.path.join(settings.folder, "importance.png"))
     summary["best"] = {"trial": best.number, "score": best.value, "params": best.params, "config": best_path}
+    base = [trial for trial in study.get_trials(deepcopy=False) if trial.user_attrs.get("base")]
+    summary["base"] = {"trial": base[0].number, "state": base[0].state.name.lower(), "score": base[0].value} if base else None
     summary["importance"] = importances
     return summary
 
@@ -396,6 +421,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     # Seeded by the trials so far: a continued study draws new values, not the first invocation's again.
     study.sampler = optuna.samplers.TPESampler(seed=len(study.get_trials(deepcopy=False)))
+    if not study.get_trials(deepcopy=False):  # a new study: its first trial is the config as it is
+        values = base_values(base, space)
+        if values is None:
+            print("the base config's values lie outside the search space: no trial of the config as it is", flush=True)
+        else:
+            study.enqueue_trial(values, user_attrs={"base": True})
     requeued = requeue_unfinished(study)
     remaining = settings.trials - counted(study)
     print(

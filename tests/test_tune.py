@@ -65,6 +65,13 @@ def test_tiny_search_end_to_end(tmp_path: str) -> None:
     assert best.updates == 2 and best.eval_interval == 0 and best.transformer.embed_dim == 16
     table = open(os.path.join(folder, "trials.md")).read()
     assert "| trial | score |" in table and table.count("\n| ") >= 3
+    # The first trial is the config as it is, marked as such.
+    config = load_config(os.path.join(ROOT, "configs", "poc_memory_env.yaml"))
+    study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{folder}/study.db")
+    assert study.trials[0].params == {"learning_rate_schedule.initial": config.learning_rate_schedule.initial,
+                                      "transformer.query_position": config.transformer.query_position}  # fmt: skip
+    assert summary["base"]["trial"] == 0 and summary["base"]["state"] == "complete"
+    assert "| 0 (base config) |" in table
     # Both trials trained their two seeds for 2 updates through train.py.
     for trial in (0, 1):
         for seed in (0, 1):
@@ -141,3 +148,18 @@ def test_shipped_search_files_fit_the_config_they_name(name: str) -> None:
     with open(os.path.join(ROOT, config)) as file:
         base = yaml.safe_load(file)
     assert tune.load_search(path, base)
+
+
+def test_base_values_are_the_configs_own_or_none_outside_the_space() -> None:
+    with open(os.path.join(ROOT, "configs", "poc_memory_env.yaml")) as file:
+        base = yaml.safe_load(file)
+    config = load_config(os.path.join(ROOT, "configs", "poc_memory_env.yaml"))
+    space = {"learning_rate_schedule.initial": {"low": 1.0e-5, "high": 1.0e-2, "log": True},
+             "epochs": {"low": 1, "high": 16}, "transformer.query_position": {"choices": [True, False]}}  # fmt: skip
+    assert tune.base_values(base, space) == {
+        "learning_rate_schedule.initial": config.learning_rate_schedule.initial,
+        "epochs": config.epochs,
+        "transformer.query_position": config.transformer.query_position,  # a default counts
+    }
+    assert tune.base_values(base, space | {"epochs": {"low": config.epochs + 1, "high": 32}}) is None
+    assert tune.base_values(base, space | {"transformer.query_position": {"choices": [None]}}) is None
