@@ -1,7 +1,7 @@
 """Overlay the IQM curves of several experiments (written by experiment.py), each with its 95% confidence band.
 
 Usage:
-  plot.py <experiment>... [--out=<file>] [--title=<text>]
+  plot.py <experiment>... [--out=<file>] [--title=<text>] [--metric=<name>]
   plot.py --tables
   plot.py (-h | --help)
 
@@ -11,6 +11,8 @@ Arguments:
 Options:
   --out=<file>          Figure to write (default: plots/compare.png, a git-ignored scratch folder).
   --title=<text>        Title (default: "<metric>: IQM over seeds with 95% stratified-bootstrap bands").
+  --metric=<name>       Curves of another logged metric than the experiments' own (reward, success, length, ...),
+                        rebuilt from their seeds' records (results/<id>/seed-k.json).
   --tables              Instead: write the README's results table and the tables of docs/results.md from
                         results/tables.yaml and the summaries it names (tables.py).
   -h --help             Show this help.
@@ -52,6 +54,31 @@ def load_summary(path: str) -> dict:
     return summary
 
 
+def with_metric(summary: dict, path: str, metric: str) -> dict:
+    """``summary`` with its curves rebuilt for ``metric`` from the seed records beside it; ValueError naming the fix
+    where a record is missing or lacks the metric."""
+    from aggregation import iqm_curve
+
+    if metric == summary["metric"]:
+        return summary
+    folder, tag, series = os.path.dirname(summary_path(path)), f"episode/{metric}_mean", {}
+    for seed in summary["finished_seeds"]:
+        record = os.path.join(folder, f"seed-{seed}.json")
+        if not os.path.isfile(record):
+            raise ValueError(f"--metric {metric}: '{record}' is missing (experiments before 2026-11-30 kept no records)")
+        with open(record) as handle:
+            points = json.load(handle)["curves"].get(tag)
+        if not points:
+            raise ValueError(f"--metric {metric}: '{record}' has no '{tag}'")
+        series[str(seed)] = dict(points)
+    steps = sorted({step for points in series.values() for step in points})
+    values = np.array([[points.get(step, np.nan) for step in steps] for points in series.values()], dtype=np.float64)
+    center, low, high = iqm_curve(values)
+    rows = {seed: [float(v) for v in row] for seed, row in zip(series, values, strict=True)}
+    curves = {"tag": tag, "steps": steps, "per_seed": rows, "iqm": list(center), "ci_low": list(low), "ci_high": list(high)}
+    return summary | {"metric": metric, "curves": curves}
+
+
 def as_array(values: list[float | None]) -> np.ndarray:
     """A JSON list of numbers (null: no value) as a float array with NaN for null."""
     return np.array([np.nan if value is None else value for value in values], dtype=np.float64)
@@ -69,7 +96,8 @@ def draw_experiment(ax: Axes, summary: dict, label: str, color: str, per_seed: b
             ax.plot(steps, as_array(values), color=color, linewidth=0.6, alpha=0.4, label=single)
     seeds = len(curves["per_seed"])
     ax.fill_between(steps, as_array(curves["ci_low"]), as_array(curves["ci_high"]), color=color, alpha=0.25, linewidth=0)
-    ax.plot(steps, as_array(curves["iqm"]), color=color, linewidth=2, label=f"{label} (IQM of {seeds} seeds, 95% CI)")
+    counted = f"{seeds} seed{'s' if seeds != 1 else ''}"
+    ax.plot(steps, as_array(curves["iqm"]), color=color, linewidth=2, label=f"{label} (IQM of {counted}, 95% CI)")
 
 
 def metric_label(summaries: list[dict]) -> str:
@@ -128,7 +156,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {', '.join(os.path.relpath(path) for path in changed)}" if changed else "unchanged: every table")
         return 0
     try:
-        summaries = [load_summary(path) for path in args["<experiment>"]]
+        paths = args["<experiment>"]
+        summaries = [load_summary(path) for path in paths]
+        if args["--metric"]:
+            summaries = [with_metric(summary, path, args["--metric"]) for summary, path in zip(summaries, paths, strict=True)]
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -14,6 +14,7 @@ import pytest
 
 import experiment
 import experiment_report
+import plot
 import seeds
 from checkpoint import load_file
 
@@ -243,6 +244,21 @@ def test_plot_overlays_experiments(tiny_experiment: tuple[str, subprocess.Comple
     assert result.returncode == 0 and os.path.isfile(out)
     result = subprocess.run([*command[:2], "results/missing"], cwd=folder, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "does not exist" in result.stderr
+
+
+def test_plot_rebuilds_the_curves_of_another_metric(tiny_experiment: tuple[str, subprocess.CompletedProcess]) -> None:
+    folder = os.path.join(tiny_experiment[0], "results", EXPERIMENT)
+    summary = plot.load_summary(folder)
+    lengths = plot.with_metric(summary, folder, "length")
+    assert lengths["metric"] == "length" and lengths["curves"]["tag"] == "episode/length_mean"
+    for seed in summary["finished_seeds"]:
+        with open(os.path.join(folder, f"seed-{seed}.json")) as file:
+            logged = dict(json.load(file)["curves"]["episode/length_mean"])
+        rebuilt = dict(zip(lengths["curves"]["steps"], lengths["curves"]["per_seed"][str(seed)], strict=True))
+        assert {step: value for step, value in rebuilt.items() if step in logged} == logged
+    assert plot.with_metric(summary, folder, summary["metric"]) is summary
+    with pytest.raises(ValueError, match="has no 'episode/colour_mean'"):
+        plot.with_metric(summary, folder, "colour")
 
 
 @pytest.mark.parametrize(
