@@ -15,7 +15,8 @@ Options:
   --jobs=<n>           Trials at a time; each seed gets max(1, cores // (jobs * seeds)) threads [default: 1].
   --objective=<kind>   auc: the mean of the per-update metric over the whole run (fast and stable both count);
                        final: its mean over the last quarter of the updates [default: auc].
-  --warmup=<fraction>  Share of the updates before the pruner may stop a trial [default: 0.25].
+  --warmup=<fraction>  Share of the updates before the pruner may stop a trial; 1: no pruning (default: 0.25 for
+                       the auc objective, 1 for final, whose early curve does not tell the end).
   --set=<key=value>    Override a config key in every trial, as in train.py (repeatable).
   --cpu                Train on the CPU even where CUDA is available.
   -h --help            Show this help.
@@ -219,10 +220,11 @@ class Study:
         self.seeds = number(args, "--seeds", int, 1)
         self.jobs = number(args, "--jobs", int, 1)
         self.trials = number(args, "--trials", int, 1)
-        self.warmup = number(args, "--warmup", float, 0)
         self.objective = args["--objective"]
         if self.objective not in ("auc", "final"):
             raise ValueError(f"--objective must be auc or final, got '{self.objective}'")
+        default_warmup = {"--warmup": 0.25 if self.objective == "auc" else 1.0}
+        self.warmup = number(args if args["--warmup"] is not None else default_warmup, "--warmup", float, 0)
         self.cpu = bool(args["--cpu"])
         self.updates = validate_config(base).updates
         self.threads = max(1, usable_cores() // (self.jobs * self.seeds))

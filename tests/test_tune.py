@@ -163,3 +163,12 @@ def test_base_values_are_the_configs_own_or_none_outside_the_space() -> None:
     }
     assert tune.base_values(base, space | {"epochs": {"low": config.epochs + 1, "high": 32}}) is None
     assert tune.base_values(base, space | {"transformer.query_position": {"choices": [None]}}) is None
+
+
+@pytest.mark.parametrize(
+    "flags,warmup", [([], 0.25), (["--objective=final"], 1.0), (["--objective=final", "--warmup=0.5"], 0.5)]
+)
+def test_warmup_defaults_to_no_pruning_for_the_final_objective(flags: list[str], warmup: float) -> None:
+    args = docopt(tune.__doc__, ["--config=configs/poc_memory_env.yaml", "--search=s.yaml", "--study=w", *flags])
+    base = tune.read_yaml(tune.config_path(args["--config"]), "config")
+    assert tune.Study(args, base, {}, tune.config_path(args["--config"])).warmup == warmup
