@@ -167,8 +167,7 @@ def results_table(name: str, experiments: dict[str, str]) -> str:
 def write_tables(readme: str = README, results: str = RESULTS, spec_path: str = SPEC) -> list[str]:
     """Rewrite the README's results table and the results page's named tables; returns the files that changed."""
     spec = load_spec(spec_path)
-    write_panels(spec)
-    changed = []
+    changed = write_panels(spec)
     for path, tables in ((readme, [(BEGIN, END, readme_table(spec))]), (results, page_tables(spec))):
         with open(path) as file:
             text = file.read()
@@ -193,13 +192,20 @@ def panel_table(name: str, panel_file: str, panel_id: str) -> str:
     return "\n".join([markers(name)[0], *rows, markers(name)[1]])
 
 
-def write_panels(spec: dict) -> None:
-    """Rewrite each panel's results/panel/<id>/table.md and table.json from the summaries."""
+def write_panels(spec: dict) -> list[str]:
+    """Rewrite each panel's results/panel/<id>/table.md and table.json from the summaries; returns the tables that
+    changed."""
     import panel
 
-    with contextlib.chdir(ROOT):
-        for entry in spec.get("panels", {}).values():
+    changed = []
+    for entry in spec.get("panels", {}).values():
+        path = os.path.join(ROOT, panel.PANEL_DIR, entry["id"], "table.md")
+        before = open(path).read() if os.path.isfile(path) else None
+        with contextlib.chdir(ROOT):
             panel.write_table(panel.load_panel(entry["file"]), entry["id"])
+        if open(path).read() != before:
+            changed.append(path)
+    return changed
 
 
 def page_tables(spec: dict) -> list[tuple[str, str, str]]:
