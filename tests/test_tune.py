@@ -102,7 +102,7 @@ def test_pruning_stops_the_seeds(tmp_path: str, monkeypatch: pytest.MonkeyPatch)
     with open("search.yaml", "w") as file:
         file.write(SEARCH)
     argv = ["--config=configs/poc_memory_env.yaml", "--search=search.yaml", "--study=pruned", "--seeds=2", "--cpu"]
-    argv += ["--set=updates=20", *[f"--set={s}" for s in SETS]]
+    argv += ["--set=updates=400", *[f"--set={s}" for s in SETS]]  # long enough that the stop lands before the end
     args = docopt(tune.__doc__, argv)
     base = tune.apply_overrides(
         tune.read_yaml(tune.config_path(args["--config"]), "config"), tune.parse_overrides(args["--set"])
@@ -114,7 +114,7 @@ def test_pruning_stops_the_seeds(tmp_path: str, monkeypatch: pytest.MonkeyPatch)
     assert study.trials[0].state == optuna.trial.TrialState.PRUNED
     for seed in (0, 1):
         log = open(os.path.join("models", "tune", "pruned", "trial-0", f"seed-{seed}.log")).read()
-        assert "update    1/20" in log and "update   20/20" not in log
+        assert "update    1/400" in log and "update  400/400" not in log
 
 
 @pytest.mark.parametrize(
