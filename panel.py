@@ -266,8 +266,9 @@ def main(argv: list[str] | None = None) -> int:
         todo = [(task, memory) for task, memory in pairs(panel) if selected(task, memory, only)]
         for n, (task, memory) in enumerate(todo, 1):
             print(f"panel {args['--id']}: pair {n} of {len(todo)}: {task} with {memory}", flush=True)
-            if linked_run(panel, task, memory):
-                print(f"  measured as results/{linked_run(panel, task, memory)} (runs): not trained here", flush=True)
+            linked = linked_run(panel, task, memory)
+            if linked:
+                print(f"  measured as results/{linked} (runs): not trained here", flush=True)
                 continue
             code = experiment.main(arguments(panel, args["--id"], task, memory, jobs, bool(args["--cpu"])))
             if code == 130:

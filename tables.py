@@ -192,6 +192,11 @@ def panel_table(name: str, panel_file: str, panel_id: str) -> str:
     return "\n".join([markers(name)[0], *rows, markers(name)[1]])
 
 
+def read_text(path: str) -> str:
+    with open(path) as file:
+        return file.read()
+
+
 def write_panels(spec: dict) -> list[str]:
     """Rewrite each panel's results/panel/<id>/table.md and table.json from the summaries; returns the tables that
     changed."""
@@ -200,10 +205,10 @@ def write_panels(spec: dict) -> list[str]:
     changed = []
     for entry in spec.get("panels", {}).values():
         path = os.path.join(ROOT, panel.PANEL_DIR, entry["id"], "table.md")
-        before = open(path).read() if os.path.isfile(path) else None
+        before = read_text(path) if os.path.isfile(path) else None
         with contextlib.chdir(ROOT):
             panel.write_table(panel.load_panel(entry["file"]), entry["id"])
-        if open(path).read() != before:
+        if read_text(path) != before:
             changed.append(path)
     return changed
 
