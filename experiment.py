@@ -12,6 +12,7 @@ Options:
   --set=<key=value>     Override a config key in every seed's run, as in train.py (repeatable).
   --jobs=<n>            Seeds trained at a time, each with max(1, cores // n) threads [default: 1].
   --eval-episodes=<n>   Unseen episodes each final model is evaluated on [default: 100].
+  --deterministic       Evaluate the final models with their most likely actions instead of sampling them.
   --threshold=<x>       Level of the metric for steps-to-threshold (default: 0.9 for success, none for reward).
   --cpu                 Train and evaluate on the CPU even where CUDA is available.
   -h --help             Show this help.
@@ -40,7 +41,7 @@ from cli import parse_args
 from config import ConfigError, load_config, parse_overrides
 from experiment_report import SUCCESS_THRESHOLD, aggregate, print_report
 from plot import experiment_figure
-from seeds import EVALUATION_SEED, RESULTS_DIR, Seed, plan, run_seeds, say, settle
+from seeds import EVALUATION_SEED, RESULTS_DIR, Evaluation, Seed, plan, run_seeds, say, settle
 from train import config_path
 
 
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         seeds = parse_seeds(args["--seeds"])
         check_run_id(args["--run-id"])
         jobs = number(args, "--jobs", int, 1)
-        episodes = number(args, "--eval-episodes", int, 1)
+        evaluation = Evaluation(number(args, "--eval-episodes", int, 1), bool(args["--deterministic"]))
         threshold = number(args, "--threshold", float) if args["--threshold"] is not None else None
         sets = list(args["--set"])
         path = config_path(args["--config"])
@@ -126,9 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         device = torch.device("cuda" if torch.cuda.is_available() and not args["--cpu"] else "cpu")
         for run in [run for run in runs if run.action == "finished"]:  # finished earlier
-            settle(run, episodes, device)
+            settle(run, evaluation, device)
         run_seeds(
-            runs, path, sets, config.updates, jobs, bool(args["--cpu"]), lambda run: settle(run, episodes, device, threads=1)
+            runs, path, sets, config.updates, jobs, bool(args["--cpu"]), lambda run: settle(run, evaluation, device, threads=1)
         )
     except KeyboardInterrupt:
         print(
@@ -157,8 +158,9 @@ def main(argv: list[str] | None = None) -> int:
         "seeds": seeds,
         "finished_seeds": [run.seed for run in finished],
         "metric": metric,
-        "eval_episodes": episodes,
+        "eval_episodes": evaluation.episodes,
         "evaluation_seed": EVALUATION_SEED,
+        "deterministic": evaluation.deterministic,
         **aggregate(finished, metric, threshold),
         "failures": failures,
         "plot": os.path.join(results_dir, "curves.png"),

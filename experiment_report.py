@@ -87,7 +87,7 @@ def print_report(runs: list[Seed], summary: dict) -> None:
     """The table of the seeds (what was done, counters, final value, steps to the threshold), then the aggregates."""
     metric, threshold, final = summary["metric"], summary["steps_to_threshold"]["threshold"], summary["final"]
     reach = f"steps to {threshold:g}" if threshold is not None else ""
-    header = f"{metric} ({summary['eval_episodes']} ep.)"
+    header = f"{metric} ({summary['eval_episodes']} ep.{', greedy' if summary.get('deterministic') else ''})"
     print(f"{'seed':>6}  {'status':<8}{'updates':>9}{'env steps':>12}{header:>22}{reach:>16}")
     results = {entry["seed"]: entry for entry in summary["per_seed"]}
     for run in runs:

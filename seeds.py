@@ -36,6 +36,26 @@ STOP_SECONDS = 120  # how long an interrupted seed may take to write its checkpo
 POLL_SECONDS = 0.2
 
 
+@dataclass(frozen=True)
+class Evaluation:
+    """How an experiment evaluates its final models: how many unseen episodes, sampling actions (as in training)
+    or taking the most likely one (``deterministic``, as SB3's evaluate_policy does by default)."""
+
+    episodes: int
+    deterministic: bool = False
+
+    def matches(self, record: dict) -> bool:
+        """Whether a seed record was evaluated this way (records written before the choice existed sampled)."""
+        return (
+            record["eval_episodes"] == self.episodes
+            and record["evaluation_seed"] == EVALUATION_SEED
+            and record.get("deterministic", False) == self.deterministic
+        )
+
+    def describe(self) -> str:
+        return f"{self.episodes} unseen episodes" + (", most likely actions" if self.deterministic else "")
+
+
 @dataclass
 class Seed:
     """One seed's run: where its files are, what is to be done with it, and how it went."""
@@ -108,7 +128,7 @@ def read_record(run: Seed) -> dict | None:
     return record
 
 
-def write_record(run: Seed, episodes: int) -> None:
+def write_record(run: Seed, evaluation: Evaluation) -> None:
     """Write what the summary needs of a finished, just evaluated seed to results/<id>/seed-k.json (small, to
     commit), its curves read from its TensorBoard summaries."""
     summary_dir = run.checkpoint["summary_dir"]
@@ -118,8 +138,9 @@ def write_record(run: Seed, episodes: int) -> None:
         "summary_dir": summary_dir,
         "update": run.checkpoint["update"],
         "env_steps": run.checkpoint["env_steps"],
-        "eval_episodes": episodes,
+        "eval_episodes": evaluation.episodes,
         "evaluation_seed": EVALUATION_SEED,
+        "deterministic": evaluation.deterministic,
         "evaluation": run.evaluation,
         "curves": {tag: [[step, value] for step, value in read_scalars(summary_dir, tag).items()] for tag in RECORD_TAGS},
         "seconds": training_seconds(run.checkpoint["config"], summary_dir),
@@ -283,23 +304,23 @@ def finish(run: Seed, updates: int) -> None:
     say(run, f"failed: {run.reason}")
 
 
-def settle(run: Seed, episodes: int, device: torch.device, threads: int | None = None) -> None:
+def settle(run: Seed, evaluation: Evaluation, device: torch.device, threads: int | None = None) -> None:
     """Evaluate a finished seed (or take its record's evaluation) and write its record, saying what it found.
     ``threads`` limits torch's threads meanwhile (while other seeds train)."""
-    if reusable_evaluation(run, episodes):  # its record is up to date
+    if reusable_evaluation(run, evaluation):  # its record is up to date
         print(f"seed {run.seed}: evaluation from {run.record_path}:", end="", flush=True)
         run.evaluation = run.record["evaluation"]
     else:
-        print(f"seed {run.seed}: evaluating {episodes} unseen episodes ...", end="", flush=True)
+        print(f"seed {run.seed}: evaluating {evaluation.describe()} ...", end="", flush=True)
         previous = torch.get_num_threads()
         if threads is not None:
             torch.set_num_threads(threads)
         try:
-            evaluate_seed(run, episodes, device)
+            evaluate_seed(run, evaluation, device)
         finally:
             torch.set_num_threads(previous)
         if run.action != "failed":
-            write_record(run, episodes)
+            write_record(run, evaluation)
     shown = "  ".join(
         f"{key} {np.mean([result[key] for result in run.evaluation]):.3f}"
         for key in ("reward", "success")
@@ -370,32 +391,35 @@ def stop(running: list[Seed]) -> None:
         signal.signal(signal.SIGINT, previous)
 
 
-def reusable_evaluation(run: Seed, episodes: int) -> bool:
+def reusable_evaluation(run: Seed, evaluation: Evaluation) -> bool:
     """Whether the seed's record holds the evaluation asked for, of the very model the seed's training ended with."""
     record = run.record
     return (
         record is not None
-        and record["eval_episodes"] == episodes
-        and record["evaluation_seed"] == EVALUATION_SEED
+        and evaluation.matches(record)
         and record["summary_dir"] == run.checkpoint["summary_dir"]
         and record["update"] == run.checkpoint["update"]
     )
 
 
-def evaluate_seed(run: Seed, episodes: int, device: torch.device) -> None:
-    """Evaluate a finished seed's final model on ``episodes`` unseen episodes (its checkpoint's weights where the
+def evaluate_seed(run: Seed, evaluation: Evaluation, device: torch.device) -> None:
+    """Evaluate a finished seed's final model as ``evaluation`` says (its checkpoint's weights where the
     model file is missing: a run killed between writing the two)."""
     record = run.record
     path = run.model_path if os.path.isfile(run.model_path) else run.checkpoint_path
     if not os.path.isfile(path):
+        recorded = Evaluation(record["eval_episodes"], record.get("deterministic", False))
+        flags = f"--eval-episodes {recorded.episodes}" + (" --deterministic" if recorded.deterministic else "")
         run.fail(
             "evaluation",
-            f"its record {run.record_path} holds {record['eval_episodes']} evaluation episodes and its model is gone: "
-            f"use --eval-episodes {record['eval_episodes']}, or remove the record to train seed {run.seed} again",
+            f"its record {run.record_path} holds an evaluation on {recorded.describe()} and its model is gone: "
+            f"use {flags}, or remove the record to train seed {run.seed} again",
         )
         return
     try:
         model, config = load_model(path, device)
-        run.evaluation = evaluate(model, config, device, episodes, seed=EVALUATION_SEED)
+        run.evaluation = evaluate(
+            model, config, device, evaluation.episodes, seed=EVALUATION_SEED, deterministic=evaluation.deterministic
+        )
     except Exception as error:  # one seed's broken file or environment must not lose the other seeds' results
         run.fail("evaluation", f"evaluating {path} failed: {type(error).__name__}: {error}")

@@ -11,7 +11,10 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
+import checkpoint
+import evaluation
 import experiment
 import experiment_report
 import plot
@@ -36,9 +39,9 @@ CONFIG = "configs/poc_memory_env.yaml"
 EXPERIMENT = "tiny"
 
 
-def run_experiment(folder: str, seeds: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def run_experiment(folder: str, seeds: str, timeout: float = 120, flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     """experiment.py on the tiny config in ``folder``, two seeds at a time, evaluated on 3 episodes."""
-    command = [sys.executable, os.path.join(ROOT, "experiment.py"), f"--config={CONFIG}", f"--seeds={seeds}"]
+    command = [sys.executable, os.path.join(ROOT, "experiment.py"), f"--config={CONFIG}", f"--seeds={seeds}", *flags]
     command += [f"--run-id={EXPERIMENT}", "--jobs=2", "--eval-episodes=3", "--cpu", *[f"--set={s}" for s in SETS]]
     return subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=timeout)
 
@@ -116,6 +119,24 @@ def test_a_second_run_skips_finished_seeds(copy: str) -> None:
     assert "seed 1: skipped" in result.stdout
     assert {path: os.path.getmtime(path) for path in mtimes} == mtimes, "a finished seed was trained again"
     assert last_json(result)["seeds"] == 2
+
+
+def test_deterministic_evaluation_is_recorded_and_not_mixed_with_sampled(copy: str) -> None:
+    result = run_experiment(copy, "0-1", flags=("--deterministic",))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "seed 0: skipped" in result.stdout and "evaluating 3 unseen episodes, most likely actions" in result.stdout
+    with open(os.path.join(copy, "results", EXPERIMENT, "summary.json")) as file:
+        assert json.load(file)["deterministic"] is True
+    with open(os.path.join(copy, "results", EXPERIMENT, "seed-0.json")) as file:
+        record = json.load(file)
+    assert record["deterministic"] is True
+    model, config = checkpoint.load_model(run_files(copy, 0)[0], torch.device("cpu"))
+    greedy = evaluation.evaluate(model, config, torch.device("cpu"), 3, seed=seeds.EVALUATION_SEED, deterministic=True)
+    assert record["evaluation"] == greedy  # the recorded episodes are those of the most likely actions
+    for path in run_files(copy, 0) + run_files(copy, 1):
+        os.remove(path)
+    result = run_experiment(copy, "0-1")  # sampled again, but the models that could play it are gone
+    assert result.returncode == 1 and "its model is gone: use --eval-episodes 3 --deterministic" in result.stdout
 
 
 def test_records_let_a_folder_without_models_and_summaries_skip_finished_seeds(
