@@ -18,6 +18,7 @@ from cli import ROOT
 SPEC = os.path.join(ROOT, "results", "tables.yaml")
 README = os.path.join(ROOT, "README.md")
 RESULTS = os.path.join(ROOT, "docs", "results.md")
+PANEL_DIR = os.path.join("results", "panel")  # panel.py's, relative to the repository
 BEGIN = "<!-- results table: written by `python plot.py --tables` from results/tables.yaml; do not edit by hand -->"
 END = "<!-- end of the results table -->"
 HEADER = (
@@ -181,14 +182,11 @@ def write_tables(readme: str = README, results: str = RESULTS, spec_path: str = 
     return changed
 
 
-def panel_table(name: str, panel_file: str, panel_id: str) -> str:
-    """The results page's table ``name``: the leaderboard of panel.py's panel ``panel_file`` with results
-    results/panel/<panel_id>/ (its table.md's rows), built from the summaries, between its markers."""
-    import panel  # panel.py imports this module for its number formats
-
-    with contextlib.chdir(ROOT):  # panel.py's paths are relative to the repository, as when it runs
-        leaderboard = panel.table(panel.pair_rows(panel.load_panel(panel_file), panel_id), panel_id)
-    rows = [line for line in leaderboard.splitlines() if line.startswith("|")]
+def panel_table(name: str, panel_id: str) -> str:
+    """The results page's table ``name``: the rows of the leaderboard results/panel/<panel_id>/table.md (which
+    write_panels builds from the summaries first), between its markers."""
+    with open(os.path.join(ROOT, PANEL_DIR, panel_id, "table.md")) as file:
+        rows = [line.rstrip("\n") for line in file if line.startswith("|")]
     return "\n".join([markers(name)[0], *rows, markers(name)[1]])
 
 
@@ -200,11 +198,11 @@ def read_text(path: str) -> str:
 def write_panels(spec: dict) -> list[str]:
     """Rewrite each panel's results/panel/<id>/table.md and table.json from the summaries; returns the tables that
     changed."""
-    import panel
+    import panel  # panel.py imports this module for its number formats
 
     changed = []
     for entry in spec.get("panels", {}).values():
-        path = os.path.join(ROOT, panel.PANEL_DIR, entry["id"], "table.md")
+        path = os.path.join(ROOT, PANEL_DIR, entry["id"], "table.md")
         before = read_text(path) if os.path.isfile(path) else None
         with contextlib.chdir(ROOT):
             panel.write_table(panel.load_panel(entry["file"]), entry["id"])
@@ -218,4 +216,4 @@ def page_tables(spec: dict) -> list[tuple[str, str, str]]:
     (``results``) and those of panels (``panels``)."""
     built = [(*markers(name), results_table(name, experiments)) for name, experiments in spec.get("results", {}).items()]
     panels = spec.get("panels", {}).items()
-    return built + [(*markers(name), panel_table(name, entry["file"], entry["id"])) for name, entry in panels]
+    return built + [(*markers(name), panel_table(name, entry["id"])) for name, entry in panels]
