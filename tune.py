@@ -223,8 +223,10 @@ class Study:
         self.objective = args["--objective"]
         if self.objective not in ("auc", "final"):
             raise ValueError(f"--objective must be auc or final, got '{self.objective}'")
-        default_warmup = {"--warmup": 0.25 if self.objective == "auc" else 1.0}
-        self.warmup = number(args if args["--warmup"] is not None else default_warmup, "--warmup", float, 0)
+        if args["--warmup"] is None:  # "final" is decided at the end: a slow starter must not be pruned
+            self.warmup = 0.25 if self.objective == "auc" else 1.0
+        else:
+            self.warmup = number(args, "--warmup", float, 0)
         self.cpu = bool(args["--cpu"])
         self.updates = validate_config(base).updates
         self.threads = max(1, usable_cores() // (self.jobs * self.seeds))
