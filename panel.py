@@ -123,7 +123,14 @@ def check_linked_run(panel: dict, task: str, memory: str, run_id: str) -> None:
     if not os.path.isfile(os.path.join(folder, "summary.json")):
         raise PanelError(f"{where}, which has no {folder}/summary.json: run it with experiment.py or drop it from runs")
     with open(os.path.join(folder, "summary.json")) as file:
-        finished = json.load(file)["finished_seeds"]
+        summary = json.load(file)
+    finished, episodes = summary["finished_seeds"], panel.get("eval_episodes", 100)
+    if summary["eval_episodes"] != episodes or summary.get("deterministic", False):
+        raise PanelError(
+            f"{where}, whose final models were evaluated on {summary['eval_episodes']} episodes"
+            f"{' with their most likely actions' if summary.get('deterministic') else ''}: the panel samples actions "
+            f"on {episodes}; link a run evaluated that way or drop it from runs"
+        )
     config = load_config(config_path(panel["tasks"][task]["config"]), parse_overrides(pair_sets(panel, task, memory)))
     wanted = config.to_dict()
     for seed in finished:

@@ -107,6 +107,9 @@ def test_a_pair_measured_before_is_linked_not_trained(tmp_path: str) -> None:
     changed = linked.replace("eval_interval=0,", "eval_interval=0, gamma=0.9,")
     result = run_panel(str(tmp_path), changed, panel_id="third")
     assert result.returncode == 2 and "seed 0 was trained otherwise (gamma: 0.99 there, 0.9 in the pair)" in result.stderr
+    other_evaluation = linked.replace("eval_episodes: 2", "eval_episodes: 3")
+    result = run_panel(str(tmp_path), other_evaluation, panel_id="third")
+    assert result.returncode == 2 and "evaluated on 2 episodes: the panel samples actions on 3" in result.stderr
     missing = TINY.replace("    sets:", "    runs: {none: nothing-here}\n    sets:")
     result = run_panel(str(tmp_path), missing, panel_id="third")
     assert result.returncode == 2 and "runs names 'nothing-here', which has no" in result.stderr
