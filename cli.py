@@ -69,7 +69,10 @@ def parse_args(doc: str, argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else list(argv)
     if any(argument in ("-h", "--help") for argument in argv):
         # Option lines marked "(internal)" (and their continuation lines) are for the scripts' own use, not the reader.
-        print(public_help(doc).strip("\n"))
+        try:
+            print(public_help(doc).strip("\n"), flush=True)
+        except BrokenPipeError:  # `--help | head`: the reader has what it wanted; no traceback on the way out
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise SystemExit(0)
     try:
         return docopt(doc, argv)

@@ -466,3 +466,15 @@ def test_help_hides_internal_flags(capsys: pytest.CaptureFixture) -> None:
     assert "--child" not in shown and "--overrides" not in shown and "(internal)" not in shown
     assert "--gpu-check" in shown and "--cpu" in shown and "Each path runs in its own process" in shown
     assert parse_args(benchmark.__doc__, ["--child=fast"])["--child"] == "fast"  # still accepted
+
+
+def test_help_into_a_closed_pipe_exits_quietly() -> None:
+    # `python panel.py --help | head -3`: the reader closes the pipe before the usage text is written.
+    script = "import cli; cli.parse_args('Usage:\\n  tool.py [--flag]\\n\\nOptions:\\n  --flag  A flag.\\n', ['--help'])"
+    child = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    child.stdout.close()
+    error = child.stderr.read()
+    assert child.wait(timeout=60) == 0
+    assert "Traceback" not in error and "BrokenPipe" not in error, error
