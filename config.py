@@ -132,6 +132,7 @@ class Config:
     hidden_layer_size: int
     max_grad_norm: float
     adam_epsilon: float
+    adam_update_clipping: bool
     weight_decay: float
     target_kl: float
     n_processes: int
@@ -275,6 +276,14 @@ SCHEMA: dict[str, tuple] = {
         _POSITIVE,
         "epsilon of the AdamW optimizer (added to the root of its second-moment estimate; torch's default 1e-8 is the "
         "reference's)",
+    ),
+    "adam_update_clipping": (
+        bool,
+        False,
+        None,
+        "StableAdamW's update clipping (Wortsman et al., 2023): each tensor's AdamW step is divided by max(1, "
+        "RMS(g^2 / v)), v the second-moment estimate with this gradient, so a gradient far above the recent ones "
+        "cannot move the weights by several learning rates at once; false is plain AdamW, the reference's",
     ),
     "weight_decay": (
         float,

@@ -144,6 +144,43 @@ def clip_gradients(model: nn.Module, max_norm: float) -> tuple[dict[str, float],
     return {f"grad_norm/{name}": norm for name, norm in zip(module_norms, norms, strict=True)}, total
 
 
+def update_clipping_scales(optimizer: torch.optim.Optimizer) -> list[tuple[torch.Tensor, float]]:
+    """StableAdamW's update clipping (Wortsman et al., 2023), before an AdamW step: each parameter whose gradient is
+    large against AdamW's second-moment estimate, with the scale 1 / RMS(g^2 / v_hat) < 1 its step is to be multiplied
+    by. v_hat is the bias-corrected estimate AdamW's step will use (this gradient included), floored at epsilon^2. A
+    gradient as large as the recent ones gives RMS ~1 (no change); one 100 times larger, as a rare failure brings to a
+    solved policy, gives RMS ~30. The first step has no estimate yet (v_hat = g^2): nothing is scaled."""
+    scaled, ratios = [], []
+    for group in optimizer.param_groups:
+        beta2, floor = group["betas"][1], group["eps"] ** 2
+        for parameter in group["params"]:
+            state = optimizer.state.get(parameter)
+            if parameter.grad is None or not state:
+                continue
+            correction = 1 - beta2 ** (float(state["step"]) + 1)
+            squared = parameter.grad.square()
+            v_hat = (state["exp_avg_sq"] * beta2 + (1 - beta2) * squared) / correction
+            ratios.append((squared / v_hat.clamp(min=floor)).mean())
+            scaled.append(parameter)
+    if not ratios:
+        return []
+    rms = torch.stack(ratios).sqrt().tolist()  # one host copy
+    return [(parameter, 1 / value) for parameter, value in zip(scaled, rms, strict=True) if value > 1]
+
+
+def clipped_step(optimizer: torch.optim.Optimizer) -> float:
+    """An AdamW step with update clipping (see update_clipping_scales): the step of each parameter to scale is
+    taken whole, then shortened to its scale (AdamW's step is linear in the learning rate, weight decay included,
+    so this is the step with that parameter's learning rate scaled). Returns the smallest scale (1: none)."""
+    scales = update_clipping_scales(optimizer)
+    before = [parameter.detach().clone() for parameter, _ in scales]
+    optimizer.step()
+    with torch.no_grad():
+        for (parameter, scale), old in zip(scales, before, strict=True):
+            parameter.lerp_(old, 1 - scale)  # old + scale * (new - old)
+    return min((scale for _, scale in scales), default=1.0)
+
+
 STAT_KEYS = ("policy_loss", "value_loss", "entropy", "total_loss", "approx_kl", "clip_fraction")
 
 
@@ -202,6 +239,8 @@ class PPOLearner:
         variance = returns.var()
         explained = (1 - (returns - values).var() / variance).item() if variance > 0 else float("nan")
         result = {key: float(np.mean(value)) for key, value in stats.items()}
+        if "update_scale_min" in stats:  # the update's smallest step scale of update clipping, not a mean
+            result["update_scale_min"] = float(np.min(stats["update_scale_min"]))
         advantages = buffer.advantages
         value_mean, return_mean, advantage_mean, advantage_std = torch.stack(
             [values.mean(), returns.mean(), advantages.mean(), advantages.std()]
@@ -236,7 +275,10 @@ class PPOLearner:
         grad_norms, total_norm = clip_gradients(self.model, self.config.max_grad_norm)
         if not math.isfinite(total_norm):
             raise NonFiniteError(f"the gradient norm became {total_norm} in update {update + 1}")
-        self.optimizer.step()
+        if self.config.adam_update_clipping:
+            stats["update_scale_min"] = clipped_step(self.optimizer)
+        else:
+            self.optimizer.step()
         return {**stats, **grad_norms}, False
 
     def backward(self, minibatch: Minibatch, clip_range: float, beta: float, update: int) -> dict[str, torch.Tensor]:

@@ -63,6 +63,8 @@ class Summaries:
         for key in TRAINING:
             self.writer.add_scalar(f"training/{key}", stats[key], env_steps)
         self.writer.add_scalar("training/sps", sps, env_steps)
+        if "update_scale_min" in stats:  # adam_update_clipping: the update's smallest step scale (1: none clipped)
+            self.writer.add_scalar("training/update_scale_min", stats["update_scale_min"], env_steps)
         for key, value in stats.items():
             if key.startswith("grad_norm/"):
                 self.writer.add_scalar(key, value, env_steps)
