@@ -16,7 +16,7 @@ from evaluation import evaluate
 from seeds import config_changes
 
 SHIPPED = sorted(glob.glob(os.path.join(ROOT, "models", "trained", "*.nn")))
-EXPECTED = {"poc_memory_env", "cartpole", "mortar_mayhem_grid_1"}  # the small CPU tasks shipped so far
+EXPECTED = {"poc_memory_env", "cartpole", "mortar_mayhem_grid_1", "minigrid"}  # the small CPU tasks
 
 
 def name(path: str) -> str:
