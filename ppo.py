@@ -157,7 +157,7 @@ def update_clipping_scales(optimizer: torch.optim.Optimizer) -> list[tuple[torch
             state = optimizer.state.get(parameter)
             if parameter.grad is None or not state:
                 continue
-            correction = 1 - beta2 ** (float(state["step"]) + 1)
+            correction = 1 - beta2 ** (state["step"] + 1)  # a tensor op: no host copy per parameter on a GPU
             squared = parameter.grad.square()
             v_hat = (state["exp_avg_sq"] * beta2 + (1 - beta2) * squared) / correction
             ratios.append((squared / v_hat.clamp(min=floor)).mean())
