@@ -1,6 +1,7 @@
 """Training configuration: loaded from YAML once, validated once, defaults filled in one place.
 
-Every key, its default and its meaning lives in ``SCHEMA`` below (the README's table follows it; tests/test_docs.py checks).
+Every key, its default and its meaning lives in ``SCHEMA`` below (docs/configuration.md's table follows it;
+tests/test_docs.py checks).
 ``load_config`` turns a YAML file into a ``Config``; ``validate_config`` does the same for a dict (tests, and
 checkpoints, which store ``Config.to_dict()``). Errors are ``ConfigError`` with a message that names the key, the bad
 value and the fix.
@@ -225,7 +226,7 @@ RECURRENCE_SCHEMA: dict[str, tuple] = {
 }
 
 SCHEMA: dict[str, tuple] = {
-    "environment": (dict, REQUIRED, None, "environment section: type, name and the type's own keys (see README)"),
+    "environment": (dict, REQUIRED, None, "environment section: type, name and the type's own keys (docs/environments.md)"),
     "gamma": (float, 0.99, _UNIT, "discount factor"),
     "lamda": (float, 0.95, _UNIT, "GAE lambda (the reference's spelling)"),
     "updates": (int, 200, _POSITIVE, "number of PPO updates (each is one rollout + optimisation)"),
