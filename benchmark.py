@@ -270,6 +270,14 @@ def scaling(args: dict, config: object, overrides: dict, counts: list[int]) -> i
             file=sys.stderr,
         )
         return 2
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() and not args["--cpu"] else 0
+    if gpus and max(counts) > gpus:
+        print(
+            f"error: --processes '{args['--processes']}' asks for {max(counts)} processes, but NCCL needs a GPU per "
+            f"process and this machine shows {gpus}: list counts up to {gpus}, or add --cpu",
+            file=sys.stderr,
+        )
+        return 2
     updates = int(args["--updates"])
     print(f"scaling {args['--config']}: {config.n_workers} workers x {config.worker_steps} steps on 1..P processes, "
           f"{updates} measured updates each, {os.cpu_count()} cores", flush=True)  # fmt: skip

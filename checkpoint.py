@@ -187,7 +187,8 @@ def snapshot_training(
         "env_steps": progress.env_steps,
         "rng": {
             "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if cuda else [],
+            # This process's GPU only: a state per visible GPU would not restore where fewer are visible.
+            "cuda_device": torch.cuda.get_rng_state(device) if cuda else None,
             "minibatch": generator.get_state(),
         },
         "workers": workers_state,
@@ -230,10 +231,8 @@ def restore_training(
         group.update(setting)
     torch.set_rng_state(payload["rng"]["torch"])
     device = next(model.parameters()).device
-    if device.type == "cuda" and payload["rng"].get("cuda_device") is not None:  # one rank of several (trainer.shard_of)
+    if device.type == "cuda" and payload["rng"].get("cuda_device") is not None:  # this rank's (trainer.shard_of)
         torch.cuda.set_rng_state(payload["rng"]["cuda_device"], device)
-    elif device.type == "cuda" and payload["rng"]["cuda"]:
-        torch.cuda.set_rng_state_all(payload["rng"]["cuda"])
     generator.set_state(payload["rng"]["minibatch"])
     memory_state.load_state_dict(payload["memory"])
     trace.load_state_dict(payload["trace"])

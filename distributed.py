@@ -16,7 +16,8 @@ rank's environment and memory state (gathered every ``checkpoint_interval`` upda
 the same number of processes continues exactly.
 
 Backends: NCCL on CUDA (each rank on the GPU of its LOCAL_RANK), gloo on the CPU. A plain ``python train.py`` runs
-with ``SINGLE`` and never touches torch.distributed.
+with ``SINGLE`` and never touches torch.distributed; under torchrun even one process joins a process group and takes
+the path of several (collectives over one rank), which is how a machine with one GPU checks the NCCL path.
 """
 
 from __future__ import annotations
@@ -51,10 +52,13 @@ class Ranks:
     Attributes:
         rank: This process's number, 0 .. world - 1; rank 0 writes every file.
         world: The number of processes.
+        group: Whether the processes joined a torch.distributed process group (torchrun, even with one process;
+            several processes always do).
     """
 
     rank: int = 0
     world: int = 1
+    group: bool = False
 
     @property
     def main(self) -> bool:
@@ -63,8 +67,9 @@ class Ranks:
 
     @property
     def distributed(self) -> bool:
-        """Whether more than one process trains."""
-        return self.world > 1
+        """Whether this process trains in a process group (torchrun): the path of several processes, with collectives
+        over the ranks, even where there is one."""
+        return self.group or self.world > 1
 
     def lanes(self, n_workers: int) -> range:
         """This rank's worker lanes (global indices) among n_workers, which the config check made a multiple of world."""
@@ -82,9 +87,13 @@ class Ranks:
 SINGLE = Ranks()
 
 
+class LaunchError(RuntimeError):
+    """The processes cannot start as launched (e.g. more processes than GPUs on a machine)."""
+
+
 def launched() -> bool:
-    """Whether torchrun (or another launcher setting WORLD_SIZE) started this process as one of several."""
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+    """Whether torchrun started this process (even as the only one), or another launcher as one of several."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 or "TORCHELASTIC_RUN_ID" in os.environ
 
 
 def start(device_type: str) -> Ranks:
@@ -95,16 +104,30 @@ def start(device_type: str) -> Ranks:
 
     Returns:
         This process's Ranks.
+
+    Raises:
+        LaunchError: If a process on CUDA has no GPU of its own (NCCL refuses two ranks on one GPU).
     """
     if not launched():
         return SINGLE
     if device_type == "cuda":
-        torch.cuda.set_device(torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))))
+        local, gpus = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+        if local >= gpus:
+            raise LaunchError(
+                f"process {local} of this machine (LOCAL_RANK) has no GPU of its own: the machine shows {gpus} GPU(s) "
+                f"and NCCL needs one per process; start at most {gpus} per machine (--nproc_per_node={gpus}), or add "
+                "--cpu to train on the CPU with gloo"
+            )
+        torch.cuda.set_device(torch.device("cuda", local))
     global _waiting_group
-    backend = "nccl" if device_type == "cuda" else "gloo"
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    dist.init_process_group("nccl" if device_type == "cuda" else "gloo", timeout=datetime.timedelta(seconds=TIMEOUT_S))
     _waiting_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=WAIT_TIMEOUT_S))
-    return Ranks(dist.get_rank(), dist.get_world_size())
+    return Ranks(dist.get_rank(), dist.get_world_size(), group=True)
+
+
+def backend() -> str | None:
+    """The process group's backend ("nccl" or "gloo"), None outside one."""
+    return dist.get_backend() if dist.is_available() and dist.is_initialized() else None
 
 
 def wait_for_main(ranks: Ranks) -> None:

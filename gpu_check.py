@@ -8,7 +8,8 @@ Checks, each true or false in the JSON last line:
 - ``cpu_matches_device``: the same weights and minibatch give the same loss on the CPU and on the device (TF32 off);
 - ``bfloat16``: two updates with ``compute_dtype: bfloat16`` give finite losses;
 - ``compile``: two updates with ``compile: true`` run compiled graphs (not a silent fallback to eager);
-- ``torchrun``: train.py on one process through torchrun (NCCL on CUDA, gloo on the CPU) writes its model.
+- ``torchrun``: train.py through torchrun in a process group (NCCL on CUDA, gloo on the CPU) writes its model: two
+  processes on a machine with two GPUs or more, else one (its collectives then run over one rank, through NCCL still).
 Then a table: steps/s and peak GPU memory (peak resident memory on the CPU) of the Mortar Mayhem Grid config at each
 size for TrXL and GRU.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -137,21 +139,26 @@ def compiled(device: torch.device, folder: str) -> tuple[bool, dict]:
 
 
 def torchrun(device: torch.device, folder: str) -> tuple[bool, dict]:
+    processes = 2 if device.type == "cuda" and torch.cuda.device_count() >= 2 else 1
     command = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--standalone",
-        "--nproc_per_node=1",
+        f"--nproc_per_node={processes}",
         os.path.join(ROOT, "train.py"),
     ]
     command += [f"--config={POC}", "--run-id=torchrun", *[f"--set={key}={value}" for key, value in SMALL.items()]]
     command += ["--cpu"] if device.type == "cpu" else []
     result = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=600)
     written = os.path.isfile(os.path.join(folder, "models", "torchrun.nn"))
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    return result.returncode == 0 and written, {
-        "backend": backend,
+    # train.py names the process group it trained in: "on P process(es) (N workers each, BACKEND)"
+    group = re.search(r" on (\d+) process(?:es)? \(\d+ workers each, (\w+)\)", result.stdout)
+    joined = (int(group[1]), group[2]) if group else (0, None)
+    expected = (processes, "nccl" if device.type == "cuda" else "gloo")
+    return result.returncode == 0 and written and joined == expected, {
+        "processes": joined[0],
+        "backend": joined[1],
         "exit_code": result.returncode,
         "tail": result.stderr[-300:],
     }

@@ -265,11 +265,13 @@ class PPOLearner:
             if self.config.normalize_advantages:
                 self.normalize(torch.zeros(0, device=device))  # take part in the minibatch's all-reduce
         else:
-            stats = self.backward(minibatch, clip_range, beta, update)
+            stats = self.backward(minibatch, clip_range, beta)
         if self.ranks.distributed:
             stats = self.sum_over_ranks(stats)
         # One host copy of all the statistics, not one synchronisation per statistic.
         stats = dict(zip(stats, torch.stack([value.float() for value in stats.values()]).tolist(), strict=True))
+        if not math.isfinite(stats["total_loss"]):  # summed over the ranks: every rank stops here together
+            raise NonFiniteError(f"the loss became {stats['total_loss']} in update {update + 1}")
         if 0 < self.config.target_kl < stats["approx_kl"]:
             return stats, True
         grad_norms, total_norm = clip_gradients(self.model, self.config.max_grad_norm)
@@ -281,7 +283,7 @@ class PPOLearner:
             self.optimizer.step()
         return {**stats, **grad_norms}, False
 
-    def backward(self, minibatch: Minibatch, clip_range: float, beta: float, update: int) -> dict[str, torch.Tensor]:
+    def backward(self, minibatch: Minibatch, clip_range: float, beta: float) -> dict[str, torch.Tensor]:
         """The loss of a minibatch, weighted by its share, and its gradients; returns the weighted losses."""
         out = forward_minibatch(self.model, minibatch)
         loss, stats = ppo_loss(
@@ -293,8 +295,6 @@ class PPOLearner:
             loss = loss + self.config.reconstruction_coefficient * reconstruction
             stats["reconstruction_loss"] = reconstruction.detach()
             stats["total_loss"] = loss.detach()
-        if not torch.isfinite(loss):
-            raise NonFiniteError(f"the loss became {loss.item()} in update {update + 1}")
         if minibatch.share != 1.0:
             # This rank's mean weighted by its share of the steps: the weighted means of all ranks add up to the mean
             # over the whole minibatch.

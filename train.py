@@ -184,14 +184,18 @@ def check_resume_shapes(checkpoint: dict, config: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run train.py with the command-line arguments ``argv`` (default: sys.argv[1:]); returns the exit code.
 
-    Started by torchrun as one of several processes, it joins their process group first, leaves it at the end and
+    Started by torchrun (as one of several processes, or alone), it joins their process group first, leaves it at the end and
     ends the process with the exit code (``distributed.leave``) instead of returning.
     """
     if not distributed.launched():
         return train(argv, SINGLE)
     args = parse_args(__doc__, argv)
     device_type = "cuda" if torch.cuda.is_available() and not args["--cpu"] else "cpu"
-    ranks = distributed.start(device_type)
+    try:
+        ranks = distributed.start(device_type)
+    except distributed.LaunchError as error:
+        print(f"error: {error}", file=sys.stderr)
+        distributed.leave(2)
     try:
         if not ranks.main:
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - rank 0 reports progress; errors still reach stderr
@@ -274,7 +278,10 @@ def train(argv: list[str] | None, ranks: Ranks) -> int:
         device = torch.device("cuda", torch.cuda.current_device())
     else:
         device = torch.device("cpu")
-    processes = f" on {ranks.world} processes ({config.n_workers // ranks.world} workers each)" if ranks.distributed else ""
+    processes = ""
+    if ranks.distributed:
+        plural, workers = "es" if ranks.world > 1 else "", config.n_workers // ranks.world
+        processes = f" on {ranks.world} process{plural} ({workers} workers each, {distributed.backend()})"
     print(f"training {run_id} on {device.type}{processes} from {source}, memory path {memory_path}", flush=True)
     try:
         trainer = PPOTrainer(config, run_id, device, seed, memory_path, checkpoint=checkpoint, ranks=ranks)

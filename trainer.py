@@ -292,8 +292,9 @@ def check_ranks(config: Config, ranks: Ranks) -> None:
 
 
 def shard_of(checkpoint: dict, ranks: Ranks, agents: int, n_workers: int) -> dict:
-    """The checkpoint as this rank restores it: its environments' states and its memory's (all of it for a single
-    process), checked for the world size.
+    """The checkpoint as this rank restores it: its environments' states and its memory's, checked for the world size.
+    A plain run's checkpoint holds one process's state as it is; a process group's (torchrun, even of one process)
+    holds a shard per rank, and one process of either kind resumes the other's.
 
     Raises:
         ValueError: If the checkpoint was written by another number of processes.
@@ -304,7 +305,7 @@ def shard_of(checkpoint: dict, ranks: Ranks, agents: int, n_workers: int) -> dic
             f"the checkpoint was written by {saved} process(es) and this run has {ranks.world}: each holds its own "
             f"workers' memory, so resume with --nproc_per_node={saved} (or {saved} processes in all)"
         )
-    if not ranks.distributed:
+    if "world_size" not in checkpoint:  # a plain run's: one process, so this run too has one
         return checkpoint
     lanes = ranks.lanes(n_workers)
     environments = slice(lanes.start // agents, lanes.stop // agents)
@@ -316,7 +317,7 @@ def shard_of(checkpoint: dict, ranks: Ranks, agents: int, n_workers: int) -> dic
     }
     own = (checkpoint.get("cuda_rng") or [None] * ranks.world)[ranks.rank]
     if own is not None:  # the generator of this rank's GPU, not rank 0's view of every device
-        shard["rng"] = {**checkpoint["rng"], "cuda": [], "cuda_device": own}
+        shard["rng"] = {**checkpoint["rng"], "cuda_device": own}
     return shard
 
 

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -53,3 +55,17 @@ def test_sigterm_stops_the_measuring_child(tmp_path: str) -> None:
     for child in leftover:
         os.kill(child, signal.SIGKILL)
     assert not leftover, "a measuring child kept running after the benchmark was stopped"
+
+
+def test_scaling_asks_for_no_more_processes_than_gpus(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    # NCCL takes one GPU per process: on a one-GPU machine --processes 1,2 stops before training, and names the fix.
+    import torch
+
+    import benchmark
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    code = benchmark.main(["--config=configs/poc_memory_env.yaml", "--processes=1,2"])
+    assert code == 2
+    error = capsys.readouterr().err
+    assert "asks for 2 processes" in error and "list counts up to 1, or add --cpu" in error

@@ -29,12 +29,12 @@ SMALL = [
 
 
 def run(
-    folder: str, args: list[str], processes: int = 1, timeout: int = 240, env: dict | None = None
+    folder: str, args: list[str], processes: int = 1, timeout: int = 240, env: dict | None = None, torchrun: bool = False
 ) -> subprocess.CompletedProcess:
-    """train.py in ``folder``, plainly or under torchrun with ``processes`` processes (one thread each), with the
-    variables of ``env`` added to the environment."""
+    """train.py in ``folder``, plainly or under torchrun with ``processes`` processes (one thread each; torchrun for
+    one process too with ``torchrun``), with the variables of ``env`` added to the environment."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    if processes == 1:
+    if processes == 1 and not torchrun:
         command = [sys.executable, TRAIN, *args]
     else:
         command = [
@@ -123,7 +123,7 @@ def test_two_processes_end_an_update_with_the_parameters_of_one(tmp_path: str, s
     assert one.returncode == 0, one.stderr
     two = run(str(tmp_path), [*args, "--run-id", "two"], processes=2)
     assert two.returncode == 0, two.stderr
-    assert "on 2 processes (4 workers each)" in two.stdout
+    assert "on 2 processes (4 workers each, gloo)" in two.stdout
     a, b = weights(str(tmp_path), "one"), weights(str(tmp_path), "two")
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6, msg=key)
@@ -149,6 +149,44 @@ def test_two_processes_resume_exactly_and_refuse_another_count(tmp_path: str) ->
     assert resumed.returncode == 0, resumed.stderr
     a, b = weights(folder, "whole"), weights(folder, "part")
     assert all(torch.equal(a[key], b[key]) for key in a)
+
+
+def test_one_process_under_torchrun_trains_in_a_group_and_resumes_plainly(tmp_path: str) -> None:
+    """torchrun with one process takes the path of several (collectives over one rank: how one GPU checks NCCL), with
+    the plain run's update; its checkpoint (a shard per rank) resumes in a plain run and the other way round."""
+    folder = str(tmp_path)
+    plain = run(folder, [*SMALL, "--set", "updates=2", "--run-id", "plain"])
+    assert plain.returncode == 0, plain.stderr
+    group = run(folder, [*SMALL, "--set", "updates=1", "--run-id", "group"], torchrun=True)
+    assert group.returncode == 0, group.stderr
+    assert "on 1 process (8 workers each, gloo)" in group.stdout
+    checkpoint = os.path.join("models", "group", "checkpoint.pt")
+    assert torch.load(os.path.join(folder, checkpoint), weights_only=True)["world_size"] == 1
+    resumed = run(folder, ["--resume", checkpoint, "--set", "updates=2"])
+    assert resumed.returncode == 0, resumed.stderr
+    a, b = weights(folder, "plain"), weights(folder, "group")
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6, msg=key)
+
+    def counted(*outputs: str) -> list[str]:  # the update lines without the number of updates to go ("1/2", "1/1")
+        return [re.sub(r"/\d+", "", line) for output in outputs for line in reports(output)]
+
+    assert counted(plain.stdout) == counted(group.stdout, resumed.stdout)
+    first = run(folder, [*SMALL, "--set", "updates=1", "--run-id", "first"])
+    assert first.returncode == 0, first.stderr
+    again = run(folder, ["--resume", os.path.join("models", "first", "checkpoint.pt"), "--set", "updates=2"], torchrun=True)
+    assert again.returncode == 0, again.stderr
+    assert counted(plain.stdout)[1:] == counted(again.stdout)
+
+
+def test_a_process_without_a_gpu_of_its_own_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import distributed
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(distributed.LaunchError, match=r"shows 1 GPU\(s\).*--nproc_per_node=1\), or add --cpu"):
+        distributed.start("cuda")
 
 
 def test_a_failing_rank_stops_every_rank_with_its_error(tmp_path: str) -> None:
@@ -222,10 +260,10 @@ def test_each_rank_restores_its_own_cuda_generator() -> None:
 
     states = [torch.full((4,), rank, dtype=torch.uint8) for rank in range(2)]
     checkpoint = {"world_size": 2, "workers": [{"e": 0}, {"e": 1}], "memory": ["m0", "m1"], "trace": ["t0", "t1"],
-                  "rng": {"torch": "cpu", "cuda": ["rank 0's view"], "minibatch": "g"}, "cuda_rng": states}  # fmt: skip
+                  "rng": {"torch": "cpu", "cuda_device": "rank 0's", "minibatch": "g"}, "cuda_rng": states}  # fmt: skip
     for rank in range(2):
         shard = shard_of(checkpoint, Ranks(rank, 2), 1, 2)
         assert shard["memory"] == f"m{rank}" and torch.equal(shard["rng"]["cuda_device"], states[rank])
         assert shard["rng"]["torch"] == "cpu" and shard["rng"]["minibatch"] == "g"
-    cpu_only = {**checkpoint, "cuda_rng": [None, None]}
-    assert "cuda_device" not in shard_of(cpu_only, Ranks(1, 2), 1, 2)["rng"]
+    cpu_only = {**checkpoint, "rng": {"torch": "cpu", "cuda_device": None, "minibatch": "g"}, "cuda_rng": [None, None]}
+    assert shard_of(cpu_only, Ranks(1, 2), 1, 2)["rng"]["cuda_device"] is None
