@@ -119,6 +119,8 @@ def measure(config_path: str, overrides: dict, path: str, updates: int, device: 
         for _ in range(updates):
             start = time.perf_counter()
             trainer.rollout()
+            if device.type == "cuda":  # the rollout's last kernels (returns, advantages) count as rollout time
+                torch.cuda.synchronize()
             middle = time.perf_counter()
             trainer.learner.optimize(trainer.buffer, trainer.update)
             if device.type == "cuda":
