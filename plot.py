@@ -11,8 +11,9 @@ Arguments:
 Options:
   --out=<file>          Figure to write (default: plots/compare.png, a git-ignored scratch folder).
   --title=<text>        Title (default: "<metric>: IQM over seeds with 95% stratified-bootstrap bands").
-  --metric=<name>       Curves of another logged metric than the experiments' own (reward, success, length, ...),
-                        rebuilt from their seeds' records (results/<id>/seed-k.json).
+  --metric=<name>       Curves of another logged metric than the experiments' own (reward, success, length, or a
+                        tag: training/approx_kl, losses/entropy), rebuilt from their seeds' records
+                        (results/<id>/seed-k.json; the two tags since 2026-12-03).
   --tables              Instead: write the README's results table and the tables of docs/results.md from
                         results/tables.yaml and the summaries it names (tables.py).
   -h --help             Show this help.
@@ -61,7 +62,7 @@ def with_metric(summary: dict, path: str, metric: str) -> dict:
 
     if metric == summary["metric"]:
         return summary
-    folder, tag, series = os.path.dirname(summary_path(path)), f"episode/{metric}_mean", {}
+    folder, tag, series = os.path.dirname(summary_path(path)), (metric if "/" in metric else f"episode/{metric}_mean"), {}
     for seed in summary["finished_seeds"]:
         record = os.path.join(folder, f"seed-{seed}.json")
         if not os.path.isfile(record):

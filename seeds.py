@@ -111,7 +111,11 @@ def config_changes(saved: dict, wanted: dict) -> list[str]:
     return [f"{key} {old.get(key)!r} -> {new.get(key)!r}" for key in keys if old.get(key) != new.get(key)]
 
 
-RECORD_TAGS = ("episode/reward_mean", "episode/success_mean", "episode/length_mean")  # curves a seed's record keeps
+# Curves a seed's record keeps: the episodes' and, to tell after the summaries are gone why a curve fell, the policy's
+# step size (approximate KL per update) and its entropy.
+RECORD_TAGS = (
+    "episode/reward_mean", "episode/success_mean", "episode/length_mean", "training/approx_kl", "losses/entropy",
+)  # fmt: skip
 
 
 def read_record(run: Seed) -> dict | None:

@@ -277,6 +277,8 @@ def test_plot_rebuilds_the_curves_of_another_metric(tiny_experiment: tuple[str, 
             logged = dict(json.load(file)["curves"]["episode/length_mean"])
         rebuilt = dict(zip(lengths["curves"]["steps"], lengths["curves"]["per_seed"][str(seed)], strict=True))
         assert {step: value for step, value in rebuilt.items() if step in logged} == logged
+    kl = plot.with_metric(summary, folder, "training/approx_kl")  # a tag as it is: the policy's step per update
+    assert kl["curves"]["tag"] == "training/approx_kl" and all(value >= 0 for value in kl["curves"]["iqm"])
     assert plot.with_metric(summary, folder, summary["metric"]) is summary
     with pytest.raises(ValueError, match="has no 'episode/colour_mean'"):
         plot.with_metric(summary, folder, "colour")
