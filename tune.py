@@ -31,8 +31,10 @@ The metric of an update is the success rate of its finished episodes where the t
 reward. A trial's score is the interquartile mean over its seeds of each seed's objective. A new study's first
 trial is the base config as it is (where its values lie in the search space). TPE samples the keys; a median
 pruner stops a trial whose running score (the objective of the updates so far) falls below the median of earlier
-trials at the same update. Trials skip the periodic evaluations (eval_interval 0) unless --set says
-otherwise. Seed k of trial n trains as run tune/<id>/trial-n/seed-k (models/ and summaries/ as for train.py).
+trials at the same update. Values sampled again (TPE does, in a small space of choices) are not trained again: the
+trial takes the earlier trial's score, or is pruned as it was. Trials skip the periodic evaluations (eval_interval
+0) unless --set says otherwise. Seed k of trial n trains as run tune/<id>/trial-n/seed-k (models/ and summaries/
+as for train.py).
 
 At the end: results/tune/<id>/best.yaml (the base config with the best trial's values, a standalone config),
 trials.md (the best trials), importance.png (each key's importance for the score, by Optuna's default
@@ -247,6 +249,15 @@ class Study:
         except ConfigError as error:  # a combination of values the config refuses (e.g. embed_dim vs num_heads)
             trial.set_user_attr("error", str(error))
             raise optuna.TrialPruned(f"config error: {error}") from None
+        earlier = scored_before(trial)
+        if earlier is not None:  # TPE samples a small discrete space again: its seeds would train the same curves
+            first = earlier.user_attrs.get("repeat_of", earlier.number)
+            trial.set_user_attr("repeat_of", first)
+            if earlier.state == optuna.trial.TrialState.PRUNED:
+                raise optuna.TrialPruned(f"the values of trial {first}, pruned then: not trained again")
+            trial.set_user_attr("per_seed", earlier.user_attrs.get("per_seed", []))
+            print(f"trial {trial.number}: {earlier.value:.4f}, the values of trial {first}: not trained again", flush=True)
+            return earlier.value
         logs = os.path.join("models", "tune", self.id, f"trial-{trial.number}")
         runs = [
             SeedRun(self.command(trial.number, k, values), self.threads, os.path.join(logs, f"seed-{k}.log"))
@@ -286,6 +297,16 @@ class Study:
         value = interquartile_mean(per_seed)
         print(f"trial {trial.number}: {value:.4f} (seeds {', '.join(f'{v:.3f}' for v in per_seed)})", flush=True)
         return value
+
+
+def scored_before(trial: optuna.Trial) -> optuna.trial.FrozenTrial | None:
+    """The earlier finished or pruned trial of the study with the same values as ``trial``, or None. Every trial
+    trains the same seeds, so on the CPU the same values train the same curves, bit for bit."""
+    states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    for other in trial.study.get_trials(deepcopy=False, states=states):
+        if other.number < trial.number and other.params == trial.params:
+            return other
+    return None
 
 
 def requeue_unfinished(study: optuna.Study) -> int:
@@ -331,9 +352,12 @@ def report(study: optuna.Study, settings: Study) -> dict:
             f"# Searched: {', '.join(settings.space)}. Report: {settings.folder}/trials.md\n"
         )
         yaml.safe_dump(config, file, sort_keys=False)
-    rows = sorted(complete, key=lambda trial: trial.value, reverse=True)[:TOP_TRIALS]
+    trained = [trial for trial in complete if "repeat_of" not in trial.user_attrs]
+    rows = sorted(trained, key=lambda trial: trial.value, reverse=True)[:TOP_TRIALS]
+    repeats = len(complete) - len(trained)
     lines = [
-        f"# Study {settings.id}: the best {len(rows)} of {len(complete)} finished trials",
+        f"# Study {settings.id}: the best {len(rows)} of {len(trained)} finished trials"
+        + (f" ({repeats} more sampled values scored before, not trained again)" if repeats else ""),
         "",
         f"Objective: {settings.objective} of the per-update metric, IQM over seeds 0-{settings.seeds - 1}. Trials: {states}.",
         "",

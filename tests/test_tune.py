@@ -172,3 +172,17 @@ def test_warmup_defaults_to_no_pruning_for_the_final_objective(flags: list[str],
     args = docopt(tune.__doc__, ["--config=configs/poc_memory_env.yaml", "--search=s.yaml", "--study=w", *flags])
     base = tune.read_yaml(tune.config_path(args["--config"]), "config")
     assert tune.Study(args, base, {}, tune.config_path(args["--config"])).warmup == warmup
+
+
+def test_values_sampled_again_are_not_trained_again(tmp_path: str) -> None:
+    """A space of one value: the base config is trial 0, trial 1 samples the same values and takes its score."""
+    result = run_tune(str(tmp_path), "again", trials=2, search="transformer.query_position: {choices: [true]}\n")
+    assert result.returncode == 0, result.stderr
+    assert "trial 1: " in result.stdout and "the values of trial 0: not trained again" in result.stdout
+    study = optuna.load_study(study_name="again", storage=f"sqlite:///{tmp_path}/results/tune/again/study.db")
+    first, second = study.trials
+    assert second.value == first.value and second.user_attrs["repeat_of"] == 0
+    assert second.user_attrs["per_seed"] == first.user_attrs["per_seed"]
+    assert not os.path.exists(os.path.join(tmp_path, "models", "tune", "again", "trial-1"))
+    table = open(os.path.join(tmp_path, "results", "tune", "again", "trials.md")).read()
+    assert "(1 more sampled values scored before, not trained again)" in table and "| 1 |" not in table
