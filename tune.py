@@ -352,12 +352,15 @@ def report(study: optuna.Study, settings: Study) -> dict:
             f"# Searched: {', '.join(settings.space)}. Report: {settings.folder}/trials.md\n"
         )
         yaml.safe_dump(config, file, sort_keys=False)
-    trained = [trial for trial in complete if "repeat_of" not in trial.user_attrs]
+    firsts = {}  # each set of values once, as first scored (studies before 2026-12-03 trained repeats again)
+    for trial in complete:
+        firsts.setdefault(json.dumps(trial.params, sort_keys=True), trial)
+    trained = list(firsts.values())
     rows = sorted(trained, key=lambda trial: trial.value, reverse=True)[:TOP_TRIALS]
     repeats = len(complete) - len(trained)
     lines = [
         f"# Study {settings.id}: the best {len(rows)} of {len(trained)} finished trials"
-        + (f" ({repeats} more sampled values scored before, not trained again)" if repeats else ""),
+        + (f" ({repeats} more trials repeated values scored before)" if repeats else ""),
         "",
         f"Objective: {settings.objective} of the per-update metric, IQM over seeds 0-{settings.seeds - 1}. Trials: {states}.",
         "",

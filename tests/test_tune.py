@@ -185,4 +185,4 @@ def test_values_sampled_again_are_not_trained_again(tmp_path: str) -> None:
     assert second.user_attrs["per_seed"] == first.user_attrs["per_seed"]
     assert not os.path.exists(os.path.join(tmp_path, "models", "tune", "again", "trial-1"))
     table = open(os.path.join(tmp_path, "results", "tune", "again", "trials.md")).read()
-    assert "(1 more sampled values scored before, not trained again)" in table and "| 1 |" not in table
+    assert "(1 more trials repeated values scored before)" in table and "| 1 |" not in table
