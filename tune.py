@@ -251,12 +251,12 @@ class Study:
             raise optuna.TrialPruned(f"config error: {error}") from None
         earlier = scored_before(trial)
         if earlier is not None:  # TPE samples a small discrete space again: its seeds would train the same curves
-            first = earlier.user_attrs.get("repeat_of", earlier.number)
-            trial.set_user_attr("repeat_of", first)
+            trial.set_user_attr("repeat_of", earlier.number)
             if earlier.state == optuna.trial.TrialState.PRUNED:
-                raise optuna.TrialPruned(f"the values of trial {first}, pruned then: not trained again")
+                raise optuna.TrialPruned(f"the values of trial {earlier.number}, pruned then: not trained again")
             trial.set_user_attr("per_seed", earlier.user_attrs.get("per_seed", []))
-            print(f"trial {trial.number}: {earlier.value:.4f}, the values of trial {first}: not trained again", flush=True)
+            print(f"trial {trial.number}: {earlier.value:.4f}, the values of trial {earlier.number}: not trained again",
+                  flush=True)  # fmt: skip
             return earlier.value
         logs = os.path.join("models", "tune", self.id, f"trial-{trial.number}")
         runs = [
@@ -300,8 +300,8 @@ class Study:
 
 
 def scored_before(trial: optuna.Trial) -> optuna.trial.FrozenTrial | None:
-    """The earlier finished or pruned trial of the study with the same values as ``trial``, or None. Every trial
-    trains the same seeds, so on the CPU the same values train the same curves, bit for bit."""
+    """The first finished or pruned trial of the study with the same values as ``trial`` (never itself a repeat), or
+    None. Every trial trains the same seeds, so on the CPU the same values train the same curves, bit for bit."""
     states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
     for other in trial.study.get_trials(deepcopy=False, states=states):
         if other.number < trial.number and other.params == trial.params:
@@ -355,11 +355,11 @@ def report(study: optuna.Study, settings: Study) -> dict:
     firsts = {}  # each set of values once, as first scored (studies before 2026-12-03 trained repeats again)
     for trial in complete:
         firsts.setdefault(json.dumps(trial.params, sort_keys=True), trial)
-    trained = list(firsts.values())
-    rows = sorted(trained, key=lambda trial: trial.value, reverse=True)[:TOP_TRIALS]
-    repeats = len(complete) - len(trained)
+    distinct = list(firsts.values())
+    rows = sorted(distinct, key=lambda trial: trial.value, reverse=True)[:TOP_TRIALS]
+    repeats = len(complete) - len(distinct)
     lines = [
-        f"# Study {settings.id}: the best {len(rows)} of {len(trained)} finished trials"
+        f"# Study {settings.id}: the best {len(rows)} of {len(distinct)} finished trials"
         + (f" ({repeats} more trials repeated values scored before)" if repeats else ""),
         "",
         f"Objective: {settings.objective} of the per-update metric, IQM over seeds 0-{settings.seeds - 1}. Trials: {states}.",
