@@ -129,6 +129,7 @@ class Config:
     normalize_advantages: bool
     clipped_log_prob: bool
     value_loss_coefficient: float
+    value_trains_memory: bool
     reconstruction_coefficient: float
     hidden_layer_size: int
     max_grad_norm: float
@@ -262,6 +263,14 @@ SCHEMA: dict[str, tuple] = {
         "clipped action the environment executes), not the sample's density; no effect on discrete actions",
     ),
     "value_loss_coefficient": (float, 0.25, _NON_NEGATIVE, "weight of the value loss"),
+    "value_trains_memory": (
+        bool,
+        True,
+        None,
+        "the value loss's gradient reaches the memory and the encoder, which the policy and the value share (the "
+        "reference's); false: the value head learns on a detached copy of the memory's output, so only the policy "
+        "loss (and the reconstruction loss) trains them",
+    ),
     "reconstruction_coefficient": (
         float,
         0.0,

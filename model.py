@@ -66,6 +66,7 @@ class ActorCriticModel(nn.Module):
         dim = self.memory.output_dim
         self.policy = make_policy_head(self.actions, dim, config.hidden_layer_size, config.clipped_log_prob)
         self.value = ValueHead(dim, config.hidden_layer_size)
+        self.value_trains_memory = config.value_trains_memory
         # Observation reconstruction (Memory Gym paper; CleanRL's reconstruction_coef): only built when it is trained.
         self.decoder = make_decoder(self.observation_shape, dim) if config.reconstruction_coefficient > 0 else None
         self.bfloat16 = config.compute_dtype == "bfloat16"
@@ -157,6 +158,5 @@ class ActorCriticModel(nn.Module):
         """Policy and value from the memory's output, in float32 (outside ``autocast``); with ``keep_features`` the
         features stay in the output, for the reconstruction loss in training."""
         features = out.features.float()
-        return PolicyOutput(
-            self.policy(features), self.value(features), out.record, out.attention, features if keep_features else None
-        )
+        value = self.value(features if self.value_trains_memory else features.detach())
+        return PolicyOutput(self.policy(features), value, out.record, out.attention, features if keep_features else None)

@@ -6,9 +6,11 @@ import itertools
 
 import pytest
 import torch
-from conftest import small_config
+from conftest import collect_random_rollout, small_config
 
+from buffer import Buffer
 from model import ActorCriticModel, PolicyOutput
+from ppo import forward_minibatch
 from transformer import LEARNED_POSITIONS, sinusoidal_encoding
 from trxl_memory import TrXLContext, ring_mask
 
@@ -165,3 +167,29 @@ def test_query_position_without_query_steps_is_a_clear_error() -> None:
     memory, steps, visible = torch.zeros(2, 4, 2, 16), torch.zeros(2, 4, dtype=torch.long), torch.ones(2, 4, dtype=torch.bool)
     with pytest.raises(ValueError, match="query_steps"):
         model.memory.forward_windows(torch.rand(2, 16), memory, steps, visible)
+
+
+@pytest.mark.parametrize("memory", ["trxl", "gru"])
+def test_value_trains_memory_false_keeps_the_value_gradient_out_of_the_shared_layers(memory: str) -> None:
+    values = {}
+    for value_trains_memory in (True, False):
+        config = small_config(memory=memory, value_trains_memory=value_trains_memory)
+        torch.manual_seed(0)
+        model = ActorCriticModel(config, (4,), [3])
+        n, t, cpu = config.n_workers, config.worker_steps, torch.device("cpu")
+        buffer = Buffer(n, t, model.observation_shape, model.storage_dtype, 1, model.memory.trace(n, t, cpu), cpu)
+        collect_random_rollout(model, buffer, (4,))
+        minibatch = next(buffer.minibatches(1, config.worker_steps, torch.Generator().manual_seed(0)))
+        out = forward_minibatch(model, minibatch)
+        values[value_trains_memory] = out.value.detach()
+        out.value.sum().backward()
+        shared = [p.grad for p in [*model.encoder.parameters(), *model.memory.parameters()] if p.requires_grad]
+        reaches_shared = any(g is not None and g.abs().sum() > 0 for g in shared)
+        assert reaches_shared == value_trains_memory
+        assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.value.parameters())
+        model.zero_grad()
+        out = forward_minibatch(model, minibatch)
+        out.policy.log_prob(torch.zeros_like(out.value, dtype=torch.long).unsqueeze(-1)).sum().backward()
+        assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.memory.parameters())
+    # the option changes where gradients flow, not what the model computes
+    torch.testing.assert_close(values[True], values[False])
