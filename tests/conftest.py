@@ -139,6 +139,19 @@ def collect_random_rollout(
     return collector
 
 
+def random_rollout_buffer(model: object, obs_shape: tuple | dict, n_workers: int, worker_steps: int) -> object:
+    """A CPU ``buffer.Buffer`` for the model's observations, discrete actions and memory, filled by
+    ``collect_random_rollout`` (seed 0)."""
+    import torch
+
+    from buffer import Buffer
+
+    n, t, cpu = n_workers, worker_steps, torch.device("cpu")
+    buffer = Buffer(n, t, model.observation_shape, model.storage_dtype, 1, model.memory.trace(n, t, cpu), cpu)
+    collect_random_rollout(model, buffer, obs_shape)
+    return buffer
+
+
 def assert_training_reproduces_the_rollout(model: object, buffer: object, sampling: str, chunk: int = 4) -> None:
     """At the rollout's weights, the training forward of every minibatch gives the rollout's log-probs and values."""
     import torch

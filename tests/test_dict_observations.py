@@ -11,13 +11,12 @@ import pytest
 import torch
 from conftest import (
     assert_training_reproduces_the_rollout,
-    collect_random_rollout,
+    random_rollout_buffer,
     resume_matches_uninterrupted,
     small_config,
 )
 
 import observations
-from buffer import Buffer
 from encoders import DictEncoder
 from environments.gymnasium_env import _layout
 from model import ActorCriticModel
@@ -69,9 +68,7 @@ def test_training_reproduces_the_rollout_with_dict_observations(memory: str, sam
     n, t = 3, 12
     config = small_config(memory=memory, n_workers=n, worker_steps=t, sequence_length=4, n_mini_batch=3)
     model = ActorCriticModel(config, SHAPES, [3])
-    cpu = torch.device("cpu")
-    buffer = Buffer(n, t, model.observation_shape, model.storage_dtype, 1, model.memory.trace(n, t, cpu), cpu)
-    collect_random_rollout(model, buffer, SHAPES)
+    buffer = random_rollout_buffer(model, SHAPES, n, t)
     assert buffer.obs["image"].dtype == torch.uint8
     assert_training_reproduces_the_rollout(model, buffer, sampling)
 

@@ -6,9 +6,8 @@ import itertools
 
 import pytest
 import torch
-from conftest import collect_random_rollout, small_config
+from conftest import random_rollout_buffer, small_config
 
-from buffer import Buffer
 from model import ActorCriticModel, PolicyOutput
 from ppo import forward_minibatch
 from transformer import LEARNED_POSITIONS, sinusoidal_encoding
@@ -176,9 +175,7 @@ def test_value_trains_memory_false_keeps_the_value_gradient_out_of_the_shared_la
         config = small_config(memory=memory, value_trains_memory=value_trains_memory)
         torch.manual_seed(0)
         model = ActorCriticModel(config, (4,), [3])
-        n, t, cpu = config.n_workers, config.worker_steps, torch.device("cpu")
-        buffer = Buffer(n, t, model.observation_shape, model.storage_dtype, 1, model.memory.trace(n, t, cpu), cpu)
-        collect_random_rollout(model, buffer, (4,))
+        buffer = random_rollout_buffer(model, (4,), config.n_workers, config.worker_steps)
         minibatch = next(buffer.minibatches(1, config.worker_steps, torch.Generator().manual_seed(0)))
         out = forward_minibatch(model, minibatch)
         values[value_trains_memory] = out.value.detach()

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import collect_random_rollout, small_config
+from conftest import random_rollout_buffer, small_config
 
-from buffer import Buffer
 from encoders import ImageDecoder, VectorDecoder, quantize_images
 from model import ActorCriticModel
 from ppo import PPOLearner, forward_minibatch, reconstruction_loss
@@ -31,21 +30,13 @@ def test_image_loss_is_the_binary_cross_entropy_of_the_sigmoid() -> None:
     assert VectorDecoder.loss(torch.tensor([1.0, 3.0]), torch.tensor([0.0, 1.0])).item() == pytest.approx(2.5)
 
 
-def filled_buffer(config: object, model: ActorCriticModel, obs_shape: tuple | dict) -> Buffer:
-    cpu = torch.device("cpu")
-    n, t = config.n_workers, config.worker_steps
-    buffer = Buffer(n, t, model.observation_shape, model.storage_dtype, 1, model.memory.trace(n, t, cpu), cpu)
-    collect_random_rollout(model, buffer, obs_shape)
-    return buffer
-
-
 @pytest.mark.parametrize("memory", ["trxl", "gru", "none"])
 @pytest.mark.parametrize("obs_shape", [(4,), (3, 36, 36), {"image": (3, 12, 12), "vector": (4,)}])
 def test_reconstruction_trains_the_decoder_and_is_logged(memory: str, obs_shape: tuple | dict) -> None:
     config = small_config(memory=memory, reconstruction_coefficient=0.1, epochs=3)
     torch.manual_seed(0)
     model = ActorCriticModel(config, obs_shape, [3])
-    buffer = filled_buffer(config, model, obs_shape)
+    buffer = random_rollout_buffer(model, obs_shape, config.n_workers, config.worker_steps)
     minibatch = next(buffer.minibatches(1, config.worker_steps, torch.Generator().manual_seed(0)))
     before = reconstruction_loss(model, forward_minibatch(model, minibatch), minibatch).item()
     learner = PPOLearner(model, config, torch.Generator().manual_seed(0))
@@ -59,5 +50,7 @@ def test_no_decoder_without_reconstruction() -> None:
     config = small_config()
     model = ActorCriticModel(config, (4,), [3])
     assert model.decoder is None
-    stats = PPOLearner(model, config, torch.Generator().manual_seed(0)).optimize(filled_buffer(config, model, (4,)), 0)
+    stats = PPOLearner(model, config, torch.Generator().manual_seed(0)).optimize(
+        random_rollout_buffer(model, (4,), config.n_workers, config.worker_steps), 0
+    )
     assert "reconstruction_loss" not in stats
