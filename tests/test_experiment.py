@@ -12,6 +12,7 @@ import sys
 
 import pytest
 import torch
+import yaml
 
 import checkpoint
 import evaluation
@@ -279,6 +280,10 @@ def test_plot_rebuilds_the_curves_of_another_metric(tiny_experiment: tuple[str, 
         assert {step: value for step, value in rebuilt.items() if step in logged} == logged
     kl = plot.with_metric(summary, folder, "training/approx_kl")  # a tag as it is: the policy's step per update
     assert kl["curves"]["tag"] == "training/approx_kl" and all(value >= 0 for value in kl["curves"]["iqm"])
+    steps = plot.with_metric(summary, folder, "training/gradient_steps")  # target_kl off: every minibatch stepped
+    with open(os.path.join(ROOT, CONFIG)) as file:
+        config = yaml.safe_load(file)
+    assert set(steps["curves"]["iqm"]) == {config["epochs"] * config["n_mini_batch"]}
     assert plot.with_metric(summary, folder, summary["metric"]) is summary
     with pytest.raises(ValueError, match="has no 'episode/colour_mean'"):
         plot.with_metric(summary, folder, "colour")
