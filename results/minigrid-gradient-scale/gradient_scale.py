@@ -12,19 +12,22 @@ and the share of elements below 1e-5, 1e-4 and 1e-3; writes them to gradient_sca
 import json
 import os
 import sys
+import tempfile
 
 import numpy as np
 import torch
 
 sys.path.insert(0, os.getcwd())
 from checkpoint import load_model  # noqa: E402
+from ppo import clip_gradients  # noqa: E402
 from trainer import PPOTrainer  # noqa: E402
 
 EPSILONS = (1e-5, 1e-4, 1e-3)
 
 
-def gradient_rms(solved: bool, scratch: str) -> dict:
-    model, config = load_model("models/trained/minigrid.nn", torch.device("cpu"))
+def gradient_rms(model: torch.nn.Module | None, config: object, scratch: str) -> dict:
+    """The RMS gradient of every part of a fresh agent of ``config``, or of ``model`` (the solved one)."""
+    solved = model is not None
     trainer = PPOTrainer(config, "probe", torch.device("cpu"), seed=7, models_dir=scratch, summaries_dir=scratch)
     if solved:
         trainer.model.load_state_dict(model.state_dict())
@@ -37,7 +40,7 @@ def gradient_rms(solved: bool, scratch: str) -> dict:
     for minibatch in minibatches:
         learner.optimizer.zero_grad(set_to_none=True)
         learner.backward(minibatch, config.clip_range_schedule.value(update), config.beta_schedule.value(update))
-        torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), config.max_grad_norm)
+        clip_gradients(trainer.model, config.max_grad_norm)
         for name, p in trainer.model.named_parameters():
             if p.grad is not None:
                 squares[name] += p.grad**2
@@ -58,10 +61,9 @@ def gradient_rms(solved: bool, scratch: str) -> dict:
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    import tempfile
-
+    solved, config = load_model("models/trained/minigrid.nn", torch.device("cpu"))
     with tempfile.TemporaryDirectory() as scratch:
-        results = {name: gradient_rms(name == "solved", scratch) for name in ("fresh", "solved")}
+        results = {name: gradient_rms(model, config, scratch) for name, model in (("fresh", None), ("solved", solved))}
     for name, result in results.items():
         print(f"{name}: rollout success {result['success']:.2f}")
         for part, row in result["parts"].items():
