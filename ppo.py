@@ -241,6 +241,8 @@ class PPOLearner:
         result = {key: float(np.mean(value)) for key, value in stats.items()}
         if "update_scale_min" in stats:  # the update's smallest step scale of update clipping, not a mean
             result["update_scale_min"] = float(np.min(stats["update_scale_min"]))
+        # The largest KL of a minibatch, against which a target_kl is set (the mean hides the minibatches that pass it).
+        result["approx_kl_max"] = float(np.max(stats["approx_kl"]))
         advantages = buffer.advantages
         value_mean, return_mean, advantage_mean, advantage_std = torch.stack(
             [values.mean(), returns.mean(), advantages.mean(), advantages.std()]

@@ -112,11 +112,11 @@ def config_changes(saved: dict, wanted: dict) -> list[str]:
 
 
 # Curves a seed's record keeps: the episodes' and, to tell after the summaries are gone why a curve fell, the policy's
-# step size (approximate KL per update), its entropy, and the gradient steps each update took (fewer than epochs x
-# minibatches where target_kl ended it early).
+# step size (approximate KL per update, mean and largest over its minibatches), its entropy, and the gradient steps
+# each update took (fewer than epochs x minibatches where target_kl ended it early).
 RECORD_TAGS = (
-    "episode/reward_mean", "episode/success_mean", "episode/length_mean", "training/approx_kl", "losses/entropy",
-    "training/gradient_steps",
+    "episode/reward_mean", "episode/success_mean", "episode/length_mean", "training/approx_kl",
+    "training/approx_kl_max", "losses/entropy", "training/gradient_steps",
 )  # fmt: skip
 
 

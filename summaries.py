@@ -19,7 +19,7 @@ LOSSES = {
     "reconstruction_loss": "losses/reconstruction",  # with reconstruction_coefficient > 0
 }
 TRAINING = (
-    "approx_kl", "clip_fraction", "explained_variance", "learning_rate", "entropy_coefficient", "clip_range",
+    "approx_kl", "approx_kl_max", "clip_fraction", "explained_variance", "learning_rate", "entropy_coefficient", "clip_range",
     "gradient_steps", "kl_stop",  # the optimizer steps the update took, and whether target_kl ended it early
 )  # fmt: skip
 
