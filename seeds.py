@@ -116,7 +116,7 @@ def config_changes(saved: dict, wanted: dict) -> list[str]:
 # each update took (fewer than epochs x minibatches where target_kl ended it early).
 RECORD_TAGS = (
     "episode/reward_mean", "episode/success_mean", "episode/length_mean", "training/approx_kl",
-    "training/approx_kl_max", "losses/entropy", "training/gradient_steps",
+    "training/approx_kl_max", "losses/entropy", "training/gradient_steps", "values/advantage_std",
 )  # fmt: skip
 
 
