@@ -137,6 +137,7 @@ class Config:
     adam_update_clipping: bool
     weight_decay: float
     target_kl: float
+    kl_rollback: bool
     n_processes: int
     memory_dtype: str
     compute_dtype: str
@@ -309,6 +310,13 @@ SCHEMA: dict[str, tuple] = {
         "end an update's epochs at the first minibatch whose approximate KL divergence from the rollout's policy "
         "exceeds this, before its gradient step (0 = off: every epoch runs, as in the reference)",
     ),
+    "kl_rollback": (
+        bool,
+        False,
+        None,
+        "with target_kl: also undo the update's last gradient step (the weights and AdamW's moments as before it) when "
+        "the minibatch after it exceeds target_kl, so one step that moved the policy far is not kept; false keeps it",
+    ),
     "n_processes": (
         int,
         0,
@@ -471,6 +479,11 @@ def validate_config(raw: Any) -> Config:
             f"'transformer.memory_length' ({transformer.memory_length}) exceeds the episode length "
             f"'environment.max_episode_steps' ({max_steps}; the task's own limit where that key is unset or 0): "
             f"memory beyond the episode is never filled; use memory_length <= {max_steps}"
+        )
+    if values["kl_rollback"] and values["target_kl"] <= 0:
+        raise ConfigError(
+            "'kl_rollback' undoes the step before the minibatch that passes target_kl, but 'target_kl' is 0 (off): "
+            "set target_kl > 0 (e.g. 0.2) or kl_rollback to false"
         )
     if values["eval_video"] and "rgb_array" not in FAMILIES[environment["type"]].allowed_render_modes(environment):
         raise ConfigError(

@@ -181,6 +181,52 @@ def clipped_step(optimizer: torch.optim.Optimizer) -> float:
     return min((scale for _, scale in scales), default=1.0)
 
 
+class StepSnapshot:
+    """The weights and AdamW's moments before the last optimizer step, so that the step can be undone (kl_rollback).
+
+    The copies are made into buffers allocated once (again only when the optimizer's state gains tensors, at the
+    first step), so taking a snapshot costs a copy of the parameters and moments, no allocation.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+        self.parameters = [p for group in optimizer.param_groups for p in group["params"]]
+        self.saved_parameters = [torch.empty_like(p) for p in self.parameters]
+        self.keys: list[tuple[int, str]] = []  # (parameter index, state key) of every saved state tensor
+        self.saved_state: list[torch.Tensor] = []
+
+    def _state(self) -> tuple[list[tuple[int, str]], list[torch.Tensor]]:
+        pairs = [
+            ((i, key), value)
+            for i, p in enumerate(self.parameters)
+            for key, value in self.optimizer.state.get(p, {}).items()
+            if isinstance(value, torch.Tensor)
+        ]
+        return [key for key, _ in pairs], [value for _, value in pairs]
+
+    def take(self) -> None:
+        """Save the weights and the optimizer's moments as they are now."""
+        keys, state = self._state()
+        with torch.no_grad():
+            torch._foreach_copy_(self.saved_parameters, [p.detach() for p in self.parameters])
+            if keys != self.keys:
+                self.keys, self.saved_state = keys, [value.detach().clone() for value in state]
+            elif state:
+                torch._foreach_copy_(self.saved_state, state)
+
+    def restore(self) -> None:
+        """Put back the weights and moments of the last take(); a parameter without state then has none again."""
+        keys, state = self._state()
+        with torch.no_grad():
+            torch._foreach_copy_(self.parameters, self.saved_parameters)
+            saved = dict(zip(self.keys, self.saved_state, strict=True))
+            for (i, key), value in zip(keys, state, strict=True):
+                if (i, key) in saved:
+                    value.copy_(saved[(i, key)])
+            for i in {i for i, _ in keys} - {i for i, _ in self.keys}:
+                self.optimizer.state.pop(self.parameters[i], None)
+
+
 STAT_KEYS = ("policy_loss", "value_loss", "entropy", "total_loss", "approx_kl", "clip_fraction")
 
 
@@ -209,6 +255,8 @@ class PPOLearner:
             weight_decay=config.weight_decay,
             fused=True,
         )
+        # With kl_rollback, the state before each step, to undo the last one when the next minibatch passes target_kl.
+        self.snapshot = StepSnapshot(self.optimizer) if config.target_kl > 0 and config.kl_rollback else None
 
     def optimize(self, buffer: Buffer, update: int) -> dict[str, float]:
         """Run the epochs of update ``update`` (0-based, for the schedules); returns mean training statistics."""
@@ -227,12 +275,15 @@ class PPOLearner:
                 config.n_mini_batch, config.sequence_length, self.generator, config.minibatch_sampling, self.rows
             )
         )
-        steps, stopped = 0, False
+        steps, stopped, rolled_back = 0, False, False
         for minibatch in minibatches:
             minibatch_stats, stopped = self.train_minibatch(minibatch, clip_range, beta, update)
             for key, value in minibatch_stats.items():
                 stats[key].append(value)
             if stopped:
+                if self.snapshot is not None and steps > 0:
+                    self.snapshot.restore()  # the step that carried the policy past target_kl is not kept
+                    steps, rolled_back = steps - 1, True
                 break
             steps += 1
         values, returns = buffer.values.flatten(), buffer.returns.flatten()
@@ -250,7 +301,7 @@ class PPOLearner:
         result.update(
             value_mean=value_mean, return_mean=return_mean, advantage_mean=advantage_mean, advantage_std=advantage_std,
             explained_variance=explained, learning_rate=learning_rate, entropy_coefficient=beta, clip_range=clip_range,
-            gradient_steps=steps, kl_stop=float(stopped),
+            gradient_steps=steps, kl_stop=float(stopped), kl_rollback=float(rolled_back),
         )  # fmt: skip
         return result
 
@@ -259,7 +310,8 @@ class PPOLearner:
     ) -> tuple[dict[str, float], bool]:
         """One gradient step on one minibatch (None: this process holds none of its steps); returns its losses and
         diagnostics, and whether the update stops here: with ``target_kl`` set, a minibatch whose approximate KL
-        divergence from the rollout's policy exceeds it takes no step (every rank sees the same summed KL)."""
+        divergence from the rollout's policy exceeds it takes no step (every rank sees the same summed KL; with
+        ``kl_rollback`` optimize() then undoes the step before it)."""
         self.optimizer.zero_grad(set_to_none=True)
         if minibatch is None:
             device = next(self.model.parameters()).device  # NCCL reduces only tensors on the GPU
@@ -279,6 +331,8 @@ class PPOLearner:
         grad_norms, total_norm = clip_gradients(self.model, self.config.max_grad_norm)
         if not math.isfinite(total_norm):
             raise NonFiniteError(f"the gradient norm became {total_norm} in update {update + 1}")
+        if self.snapshot is not None:
+            self.snapshot.take()
         if self.config.adam_update_clipping:
             stats["update_scale_min"] = clipped_step(self.optimizer)
         else:

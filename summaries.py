@@ -20,7 +20,8 @@ LOSSES = {
 }
 TRAINING = (
     "approx_kl", "approx_kl_max", "clip_fraction", "explained_variance", "learning_rate", "entropy_coefficient", "clip_range",
-    "gradient_steps", "kl_stop",  # the optimizer steps the update took, and whether target_kl ended it early
+    # the optimizer steps the update kept, whether target_kl ended it early, and whether kl_rollback undid a step
+    "gradient_steps", "kl_stop", "kl_rollback",
 )  # fmt: skip
 
 
@@ -113,5 +114,8 @@ def console_line(
         f"  kl {stats['approx_kl']:.4f}"
     )
     if stats["kl_stop"]:
-        line += f"  (target_kl: stopped after {stats['gradient_steps']:.0f} steps)"
+        if stats.get("kl_rollback"):  # gradient_steps counts the steps kept
+            line += f"  (target_kl: stopped after {stats['gradient_steps'] + 1:.0f} steps, the last one undone)"
+        else:
+            line += f"  (target_kl: stopped after {stats['gradient_steps']:.0f} steps)"
     return line

@@ -113,8 +113,11 @@ def test_ranks_split_the_lanes() -> None:
         ["--set", "minibatch_sampling=steps", "--set", "transformer.memory_gradients=false"],
         # target_kl ends update 1 after 3 of its 4 steps and lets update 2 take all 4: every rank must stop together
         ["--set", "target_kl=0.02", "--set", "learning_rate_schedule={initial: 0.01, final: 0.01, max_decay_steps: 1}"],
+        # and with kl_rollback every rank undoes its third step, weights and moments alike
+        ["--set", "target_kl=0.02", "--set", "kl_rollback=true"]
+        + ["--set", "learning_rate_schedule={initial: 0.01, final: 0.01, max_decay_steps: 1}"],
     ],
-    ids=["trxl-chunks", "gru-reconstruction", "trxl-steps", "trxl-target-kl"],
+    ids=["trxl-chunks", "gru-reconstruction", "trxl-steps", "trxl-target-kl", "trxl-kl-rollback"],
 )
 def test_two_processes_end_an_update_with_the_parameters_of_one(tmp_path: str, settings: list[str]) -> None:
     """2 ranks x 4 workers and 1 process x 8 workers, same seed: the same rollouts, minibatches and steps."""
@@ -130,7 +133,8 @@ def test_two_processes_end_an_update_with_the_parameters_of_one(tmp_path: str, s
     assert reports(one.stdout) == reports(two.stdout), "the same episodes and losses"
     assert two.stdout.count("update    2/2") == 1, "only rank 0 reports"
     if "target_kl=0.02" in settings:
-        assert "(target_kl: stopped after 3 steps)" in reports(one.stdout)[0], one.stdout
+        undone = ", the last one undone" if "kl_rollback=true" in settings else ""
+        assert f"(target_kl: stopped after 3 steps{undone})" in reports(one.stdout)[0], one.stdout
 
 
 def test_two_processes_resume_exactly_and_refuse_another_count(tmp_path: str) -> None:
