@@ -255,8 +255,9 @@ class PPOLearner:
             weight_decay=config.weight_decay,
             fused=True,
         )
-        # With kl_rollback, the state before each step, to undo the last one when the next minibatch passes target_kl.
-        self.snapshot = StepSnapshot(self.optimizer) if config.target_kl > 0 and config.kl_rollback else None
+        # With kl_rollback (which the config allows only with target_kl), the state before each step, to undo the last
+        # one when the next minibatch passes target_kl.
+        self.snapshot = StepSnapshot(self.optimizer) if config.kl_rollback else None
 
     def optimize(self, buffer: Buffer, update: int) -> dict[str, float]:
         """Run the epochs of update ``update`` (0-based, for the schedules); returns mean training statistics."""
