@@ -101,13 +101,13 @@ def pair_sets(panel: dict, task: str, memory: str) -> list[str]:
 
 def settings_differences(recorded: dict, wanted: dict, prefix: str = "") -> list[str]:
     """Keys whose value differs between a seed record's config and a pair's config, skipping keys the record lacks
-    (added to the trainer since, with the behaviour before as their default) and the sections of the memories not in
-    use."""
+    (added to the trainer since, with the behaviour before as their default), the sections of the memories not in
+    use and the bookkeeping keys."""
     in_use = {"trxl": "transformer", "gru": "recurrence", "lstm": "recurrence"}.get(wanted.get("memory"))
     unused = {"transformer", "recurrence"} - {in_use}
     differences = []
     for key, value in wanted.items():
-        if key not in recorded or (not prefix and key in unused):
+        if key not in recorded or (not prefix and key in unused | set(seeds.BOOKKEEPING)):
             continue
         if isinstance(value, dict) and isinstance(recorded[key], dict):
             differences += settings_differences(recorded[key], value, f"{prefix}{key}.")

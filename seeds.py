@@ -96,9 +96,13 @@ class Seed:
         self.action, self.status, self.stage, self.reason = "failed", "failed", stage, reason
 
 
+# Keys that change what a run writes, not what it learns (writing a checkpoint leaves the training as it was).
+BOOKKEEPING = ("checkpoint_interval",)
+
+
 def config_changes(saved: dict, wanted: dict) -> list[str]:
-    """The keys (but ``updates``, which a resume may change, and the section of a memory neither config uses) in which
-    a checkpoint's config differs from the experiment's, as "key saved -> wanted"."""
+    """The keys (but ``updates``, which a resume may change, the bookkeeping keys, and the section of a memory neither
+    config uses) in which a checkpoint's config differs from the experiment's, as "key saved -> wanted"."""
     try:
         saved = validate_config(with_saved_defaults(saved)).to_dict()  # defaults of keys added since, filled in
     except ConfigError:
@@ -107,7 +111,7 @@ def config_changes(saved: dict, wanted: dict) -> list[str]:
     # The section of a memory the run does not use changes nothing (e.g. a new transformer default for a GRU run).
     unused = [prefix for prefix, memories in (("transformer.", ("trxl",)), ("recurrence.", ("gru", "lstm")))
               if old.get("memory") not in memories and new.get("memory") not in memories]  # fmt: skip
-    keys = sorted(key for key in (set(old) | set(new)) - {"updates"} if not key.startswith(tuple(unused)))
+    keys = sorted(key for key in (set(old) | set(new)) - {"updates", *BOOKKEEPING} if not key.startswith(tuple(unused)))
     return [f"{key} {old.get(key)!r} -> {new.get(key)!r}" for key in keys if old.get(key) != new.get(key)]
 
 

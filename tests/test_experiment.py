@@ -319,6 +319,15 @@ def test_bad_command_lines_stop_before_anything_starts(
     assert os.listdir(tmp_path) == []  # nothing started
 
 
+def test_config_changes_ignore_how_often_a_checkpoint_is_written() -> None:
+    # A model trained with checkpoints every 2 updates is its config's model; another learning setting is not.
+    from conftest import small_config
+
+    base = small_config().to_dict()
+    assert seeds.config_changes(small_config(checkpoint_interval=2).to_dict(), base) == []
+    assert seeds.config_changes(small_config(gamma=0.9).to_dict(), base) == ["gamma 0.9 -> 0.99"]
+
+
 def test_config_changes_ignore_the_section_of_an_unused_memory() -> None:
     from conftest import small_config
 

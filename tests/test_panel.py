@@ -91,6 +91,14 @@ def test_a_reward_task_without_threshold_has_a_row(tmp_path: str, monkeypatch: p
     assert "| cartpole | gru | reward |" in panel.table([entry], "p")
 
 
+def test_a_linked_run_may_differ_in_bookkeeping_only() -> None:
+    # How often a run wrote its checkpoint does not change what it learned; any learning setting does.
+    wanted = {"memory": "trxl", "checkpoint_interval": 10, "transformer": {"memory_length": 64}}
+    assert panel.settings_differences({**wanted, "checkpoint_interval": 2}, wanted) == []
+    other = {**wanted, "transformer": {"memory_length": 32}}
+    assert panel.settings_differences(other, wanted) == ["transformer.memory_length: 32 there, 64 in the pair"]
+
+
 def test_a_pair_measured_before_is_linked_not_trained(tmp_path: str) -> None:
     # The no-memory pair of a first panel becomes the linked run of a second panel's same pair.
     assert run_panel(str(tmp_path), TINY, "--only=none").returncode == 0
