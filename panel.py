@@ -104,10 +104,10 @@ def settings_differences(recorded: dict, wanted: dict, prefix: str = "") -> list
     (added to the trainer since, with the behaviour before as their default), the sections of the memories not in
     use and the bookkeeping keys."""
     in_use = {"trxl": "transformer", "gru": "recurrence", "lstm": "recurrence"}.get(wanted.get("memory"))
-    unused = {"transformer", "recurrence"} - {in_use}
+    skipped = ({"transformer", "recurrence"} - {in_use}) | seeds.BOOKKEEPING
     differences = []
     for key, value in wanted.items():
-        if key not in recorded or (not prefix and key in unused | set(seeds.BOOKKEEPING)):
+        if key not in recorded or (not prefix and key in skipped):
             continue
         if isinstance(value, dict) and isinstance(recorded[key], dict):
             differences += settings_differences(recorded[key], value, f"{prefix}{key}.")

@@ -97,7 +97,7 @@ class Seed:
 
 
 # Keys that change what a run writes, not what it learns (writing a checkpoint leaves the training as it was).
-BOOKKEEPING = ("checkpoint_interval",)
+BOOKKEEPING = frozenset({"checkpoint_interval"})
 
 
 def config_changes(saved: dict, wanted: dict) -> list[str]:
