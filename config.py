@@ -73,18 +73,23 @@ def check_memory_path(path: str, config: Config, flag: str = "--memory-path") ->
 
 @dataclass(frozen=True)
 class Schedule:
-    """Polynomial decay from ``initial`` to ``final`` over ``max_decay_steps`` updates."""
+    """``initial`` up to update ``start``, then a polynomial move to ``final`` over ``max_decay_steps`` updates (a
+    decay, or a rise where ``final`` is the larger)."""
 
     initial: float
     final: float
     power: float
     max_decay_steps: int
+    start: int = 0
 
     def value(self, update: int) -> float:
         """The scheduled value at ``update`` (0-based); ``final`` once the decay is over."""
-        if update >= self.max_decay_steps or self.initial == self.final:
+        step = update - self.start
+        if step <= 0:
+            return self.initial
+        if step >= self.max_decay_steps or self.initial == self.final:
             return self.final
-        return (self.initial - self.final) * (1 - update / self.max_decay_steps) ** self.power + self.final
+        return (self.initial - self.final) * (1 - step / self.max_decay_steps) ** self.power + self.final
 
 
 @dataclass(frozen=True)
@@ -134,6 +139,7 @@ class Config:
     hidden_layer_size: int
     max_grad_norm: float
     adam_epsilon: float
+    adam_epsilon_schedule: Schedule
     adam_update_clipping: bool
     weight_decay: float
     target_kl: float
@@ -172,6 +178,7 @@ SCHEDULE_SCHEMA: dict[str, tuple] = {
     "final": (float, REQUIRED, _NON_NEGATIVE, "value once the decay is over"),
     "power": (float, 1.0, _POSITIVE, "exponent of the polynomial decay (1 = linear)"),
     "max_decay_steps": (int, REQUIRED, _POSITIVE, "updates over which the value decays"),
+    "start": (int, 0, _NON_NEGATIVE, "the update (0-based) up to which the value stays initial; the decay follows it"),
 }
 
 TRANSFORMER_SCHEMA: dict[str, tuple] = {
@@ -287,6 +294,14 @@ SCHEMA: dict[str, tuple] = {
         _POSITIVE,
         "epsilon of the AdamW optimizer (added to the root of its second-moment estimate; torch's default 1e-8 is the "
         "reference's)",
+    ),
+    "adam_epsilon_schedule": (
+        dict,
+        {},
+        None,
+        "adam_epsilon by update, with the keys of the other schedules, its initial value adam_epsilon's (e.g. {final: "
+        "1.0e-3, start: 99, max_decay_steps: 1} keeps adam_epsilon for 100 updates and 1e-3 after); empty: adam_epsilon "
+        "throughout",
     ),
     "adam_update_clipping": (
         bool,
@@ -495,7 +510,29 @@ def validate_config(raw: Any) -> Config:
     values["recurrence"] = recurrence
     for key in ("learning_rate_schedule", "beta_schedule", "clip_range_schedule"):
         values[key] = _schedule(values[key], key)
+    values["adam_epsilon"], values["adam_epsilon_schedule"] = _epsilon_schedule(raw, values)
     return Config(**values)
+
+
+def _epsilon_schedule(raw: dict, values: dict) -> tuple[float, Schedule]:
+    """AdamW's epsilon and its schedule: ``adam_epsilon`` throughout where ``adam_epsilon_schedule`` is empty, else the
+    schedule from ``adam_epsilon`` (or from the schedule's ``initial`` where the config gives no ``adam_epsilon``)."""
+    name, epsilon, section = "adam_epsilon_schedule", values["adam_epsilon"], dict(values["adam_epsilon_schedule"])
+    if not section:
+        return epsilon, Schedule(initial=epsilon, final=epsilon, power=1.0, max_decay_steps=1)
+    given = "adam_epsilon" in raw
+    section.setdefault("initial", epsilon)
+    schedule = _schedule(section, name)
+    if given and schedule.initial != epsilon:
+        raise ConfigError(
+            f"'{name}.initial' ({schedule.initial:g}) differs from 'adam_epsilon' ({epsilon:g}), where the schedule "
+            f"starts: leave out {name}.initial, or set both to the same value"
+        )
+    for key in ("initial", "final"):
+        if getattr(schedule, key) <= 0:
+            value = getattr(schedule, key)
+            raise ConfigError(f"'{name}.{key}' must be > 0 (AdamW divides by the root of v plus epsilon), got {value!r}")
+    return schedule.initial, schedule
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:

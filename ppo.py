@@ -266,8 +266,9 @@ class PPOLearner:
         learning_rate = config.learning_rate_schedule.value(update)
         beta = config.beta_schedule.value(update)
         clip_range = config.clip_range_schedule.value(update)
+        epsilon = config.adam_epsilon_schedule.value(update)
         for group in self.optimizer.param_groups:
-            group["lr"] = learning_rate
+            group["lr"], group["eps"] = learning_rate, epsilon
         stats: dict[str, list[float]] = defaultdict(list)
         minibatches = (  # each epoch cuts its minibatches when the one before is done
             minibatch
@@ -302,7 +303,7 @@ class PPOLearner:
         result.update(
             value_mean=value_mean, return_mean=return_mean, advantage_mean=advantage_mean, advantage_std=advantage_std,
             explained_variance=explained, learning_rate=learning_rate, entropy_coefficient=beta, clip_range=clip_range,
-            gradient_steps=steps, kl_stop=float(stopped), kl_rollback=float(rolled_back),
+            adam_epsilon=epsilon, gradient_steps=steps, kl_stop=float(stopped), kl_rollback=float(rolled_back),
         )  # fmt: skip
         return result
 

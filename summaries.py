@@ -20,6 +20,7 @@ LOSSES = {
 }
 TRAINING = (
     "approx_kl", "approx_kl_max", "clip_fraction", "explained_variance", "learning_rate", "entropy_coefficient", "clip_range",
+    "adam_epsilon",
     # the optimizer steps the update kept, whether target_kl ended it early, and whether kl_rollback undid a step
     "gradient_steps", "kl_stop", "kl_rollback",
 )  # fmt: skip

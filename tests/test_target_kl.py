@@ -1,6 +1,6 @@
 """target_kl ends an update's epochs before the step of the first minibatch whose policy has moved too far, and
 kl_rollback also undoes the step before it (weights and AdamW's moments); the optimizer's settings on resume come from
-the run's config, not from the checkpoint."""
+the run's config, not from the checkpoint, and adam_epsilon_schedule sets AdamW's epsilon of each update."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import small_config, train_small
+from conftest import resume_matches_uninterrupted, small_config, train_small
 from test_equivalence import L, N, T, make_model, rollouts
 
 from buffer import Buffer
@@ -123,3 +123,60 @@ def test_console_line_says_where_target_kl_stopped_and_whether_a_step_was_undone
     assert stopped.endswith("(target_kl: stopped after 15 steps)")
     undone = {**stats, "gradient_steps": 14.0, "kl_rollback": 1.0}  # 15 steps taken, the 15th undone
     assert console_line(3, 10, 96, 100.0, {}, undone).endswith("(target_kl: stopped after 15 steps, the last one undone)")
+
+
+EPSILON_RISE = {"final": 10.0, "start": 1, "max_decay_steps": 2}  # epsilon: 1e-8 in updates 0-1, 5.0 in 2, 10 after
+
+
+def test_adam_epsilon_schedule_sets_the_epsilon_each_update_steps_with() -> None:
+    model = make_model("", "pre", False)
+    buffer, _ = rollouts(model)
+    config = small_config(
+        {"memory_length": L}, n_workers=N, worker_steps=T, n_mini_batch=MINIBATCHES, epochs=EPOCHS, sequence_length=T,
+        adam_epsilon_schedule=EPSILON_RISE,
+    )  # fmt: skip
+    constant = dataclasses.replace(config, adam_epsilon_schedule=small_config().adam_epsilon_schedule)
+    moved = {}
+    for name, setting in (("scheduled", config), ("constant", constant)):
+        learner = PPOLearner(make_model("", "pre", False), setting, torch.Generator().manual_seed(0))
+        epsilons = [learner.optimize(buffer, update)["adam_epsilon"] for update in range(2)]
+        assert epsilons == [1e-8, 1e-8] and learner.optimizer.param_groups[0]["eps"] == 1e-8
+        before = [p.detach().clone() for p in learner.model.parameters()]
+        stats = learner.optimize(buffer, 2)
+        moved[name] = sum((p.detach() - b).abs().sum().item() for p, b in zip(learner.model.parameters(), before, strict=True))
+        if name == "scheduled":
+            assert stats["adam_epsilon"] == learner.optimizer.param_groups[0]["eps"] == pytest.approx(5.0)
+            assert learner.optimize(buffer, 3)["adam_epsilon"] == 10.0
+    # An epsilon far above the root of the second moments shrinks every step: the optimizer uses the scheduled one.
+    assert moved["scheduled"] < 0.1 * moved["constant"]
+
+
+def test_adam_epsilon_schedule_resumes_exactly(tmp_path: str) -> None:
+    # The epsilon changes between the two updates before the checkpoint and the two after it.
+    resume_matches_uninterrupted(
+        tmp_path, adam_epsilon=1e-5, adam_epsilon_schedule={"final": 1e-3, "start": 1, "max_decay_steps": 2}
+    )
+
+
+def test_adam_epsilon_schedule_starts_from_adam_epsilon() -> None:
+    config = small_config(adam_epsilon=1e-4, adam_epsilon_schedule={"final": 1e-3, "start": 99, "max_decay_steps": 1})
+    values = [config.adam_epsilon_schedule.value(update) for update in (0, 99, 100, 500)]
+    assert values == [1e-4, 1e-4, 1e-3, 1e-3]
+    alone = small_config(adam_epsilon_schedule={"initial": 1e-4, "final": 1e-3, "max_decay_steps": 1})
+    assert alone.adam_epsilon == alone.adam_epsilon_schedule.initial == 1e-4  # the schedule's initial, no adam_epsilon
+    assert small_config(adam_epsilon=1e-4).adam_epsilon_schedule.value(1000) == 1e-4  # no schedule: constant
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ({"adam_epsilon": 1e-5, "adam_epsilon_schedule": {"initial": 1e-4, "final": 1e-3, "max_decay_steps": 1}},
+         r"adam_epsilon_schedule.initial' \(0.0001\) differs from 'adam_epsilon' \(1e-05\)"),
+        ({"adam_epsilon_schedule": {"final": 0.0, "max_decay_steps": 1}}, r"adam_epsilon_schedule.final' must be > 0"),
+        ({"adam_epsilon_schedule": {"final": 1e-3}}, r"missing key 'adam_epsilon_schedule.max_decay_steps'"),
+        ({"adam_epsilon_schedule": {"final": 1e-3, "max_decay_steps": 1, "start": -1}}, r"start' must be >= 0"),
+    ],
+)  # fmt: skip
+def test_bad_adam_epsilon_schedule_is_named(overrides: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        small_config(**overrides)
