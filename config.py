@@ -528,9 +528,8 @@ def _epsilon_schedule(raw: dict, values: dict) -> tuple[float, Schedule]:
             f"'{name}.initial' ({schedule.initial:g}) differs from 'adam_epsilon' ({epsilon:g}), where the schedule "
             f"starts: leave out {name}.initial, or set both to the same value"
         )
-    for key in ("initial", "final"):
-        if getattr(schedule, key) <= 0:
-            value = getattr(schedule, key)
+    for key, value in (("initial", schedule.initial), ("final", schedule.final)):
+        if value <= 0:
             raise ConfigError(f"'{name}.{key}' must be > 0 (AdamW divides by the root of v plus epsilon), got {value!r}")
     return schedule.initial, schedule
 
