@@ -1,7 +1,9 @@
 """How large a MiniGrid TrXL agent's gradients are, element by element, against AdamW's epsilon.
 
-For the shipped solved agent (models/trained/minigrid.nn) and for a fresh one of the same config: one rollout of the
-config's 16 x 512 steps, then the gradients of one epoch's minibatches (clipped as in training, no optimiser step).
+For the shipped solved agent (models/trained/minigrid.nn: seed 0 of results/minigrid-defaults-mb16 when
+gradient_scale.json was written, seed 0 of results/minigrid-eps-rise since 2026-12-05) and for a fresh one of the same
+config: one rollout of the config's 16 x 512 steps, then the gradients of one epoch's minibatches (clipped as in
+training, no optimiser step).
 An element's root mean square over the minibatches stands for the root of AdamW's second moment, sqrt(v): where it is
 far below epsilon, the step is about lr * g / epsilon instead of about lr. Prints percentiles per part of the model
 and the share of elements below 1e-5, 1e-4 and 1e-3; writes them to gradient_scale.json beside this file.
