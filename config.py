@@ -165,7 +165,8 @@ class Config:
 
 
 MINIBATCH_SAMPLINGS = ("chunks", "steps")  # see buffer.Buffer.minibatches
-MEMORY_TYPES = ("trxl", "gru", "lstm", "none")  # see memory.make_memory
+MEMORY_TYPES = ("trxl", "gru", "lstm", "none")
+POSITIONAL_ENCODINGS = ("", "relative", "learned", "rotary", "alibi")  # see transformer.py  # see memory.make_memory
 
 # key: (type, default, check, meaning). A default of REQUIRED means the key must be given.
 REQUIRED = object()
@@ -189,8 +190,11 @@ TRANSFORMER_SCHEMA: dict[str, tuple] = {
     "positional_encoding": (
         str,
         "relative",
-        ('"", "relative" or "learned"', lambda v: v in ("", "relative", "learned")),
-        "added to memory tokens by their episode step: none, sinusoidal, or learned (a 2048-row table; sinusoidal beyond)",
+        ('"", "relative", "learned", "rotary" or "alibi"', lambda v: v in POSITIONAL_ENCODINGS),
+        "how attention knows when a memory step was: none; added to the memory tokens by their episode step as a "
+        "sinusoid (relative) or a learned table (learned: 2048 rows, sinusoidal beyond); or by the distance between the "
+        "query's and the memory token's steps: queries and keys turned by their steps (rotary), or a fixed recency bias "
+        "per head on the attention scores (alibi)",
     ),
     "layer_norm": (
         str,
@@ -454,6 +458,12 @@ def validate_config(raw: Any) -> Config:
         raise ConfigError(
             f"'transformer.embed_dim' ({transformer.embed_dim}) must be even for positional_encoding "
             f"'{transformer.positional_encoding}' (sine and cosine halves, also past the learned table): use an even embed_dim"
+        )
+    head_width = transformer.embed_dim // transformer.num_heads
+    if transformer.positional_encoding == "rotary" and head_width % 2:
+        raise ConfigError(
+            f"positional_encoding 'rotary' turns pairs of each head's {head_width} dimensions (embed_dim / num_heads): "
+            "make embed_dim / num_heads even"
         )
     n, t, m = values["n_workers"], values["worker_steps"], values["n_mini_batch"]
     if (n * t) % m != 0:

@@ -8,8 +8,16 @@ the inputs block i received at earlier steps of the same episode. Which slots ho
 query sees, is the memory layout's business (trxl_memory.py); here every path (rollout with a K/V cache, training on
 sequence chunks, the plain per-window specification) goes through the same two calls per block:
 
-    k, v = transformer.project_block(i, memory_i, positions_i)   # memory tokens -> keys/values, (B, H, S, d)
-    h = block(h, k, v, mask)                                     # (B, Q, D) queries attend to the slots mask allows
+    k, v = transformer.project_block(i, memory_i, positions)   # memory tokens -> keys/values, (B, H, S, d)
+    h = block(h, k, v, attention)                              # (B, Q, D) queries attend to the slots mask allows
+
+Where a step sits in its episode reaches attention in one of two ways (``positional_encoding``):
+- added to the tokens: "relative" (a sinusoid of the episode step, the reference's) or "learned" (a table) is added to
+  every memory token (and with ``query_position`` to the query), so attention sees *when in the episode* each step was;
+- by distance only: "rotary" turns each head's query and key vectors by angles proportional to their episode steps
+  (RoFormer), so that their dot product depends on the distance between the two steps alone; "alibi" adds
+  -slope_h x distance to head h's attention scores (Press et al., 2022), a recency bias with one fixed slope per head.
+  Either way attention sees *how long ago* a step was, and a step 400 of an episode looks like step 40 did.
 
 A query with no visible memory slot (the first step of an episode) gets no attention contribution at all: the
 attention output is exactly zero, whatever the padding holds.
@@ -78,20 +86,65 @@ class GRUGate(nn.Module):
         return (1 - z) * x + z * h
 
 
+def rotary_angles(steps: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cosines and sines (B, 1, S, d/2) of the rotary angles of integer episode ``steps`` (B, S) for heads of width d.
+
+    Pair j of a head's vector turns by steps x 10000^(-2j/d), as RoFormer's; see ``rotate``.
+    """
+    half = head_dim // 2
+    frequencies = torch.exp(torch.arange(half, device=steps.device, dtype=torch.float32) * (-math.log(10000.0) / half))
+    angles = steps.to(torch.float32).unsqueeze(-1).unsqueeze(1) * frequencies  # (B, 1, S, d/2)
+    return angles.cos(), angles.sin()
+
+
+def rotate(x: torch.Tensor, rotation: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Turn each pair (x_j, x_{j + d/2}) of heads ``x`` (B, H, S, d) by the angles of ``rotary_angles`` (B, 1, S, d/2).
+
+    A query turned by its step m and a key turned by its step n have the dot product of the unturned pair turned by
+    m - n: it depends on the distance only.
+    """
+    cos, sin = rotation
+    first, second = x.float().chunk(2, dim=-1)
+    return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1).to(x.dtype)
+
+
+def alibi_slopes(num_heads: int) -> torch.Tensor:
+    """ALiBi's fixed slope per head, (H,): the geometric sequence 2^(-8 / H), 2^(-16 / H), ..., 2^(-8)."""
+    return torch.pow(2.0, -8.0 * torch.arange(1, num_heads + 1, dtype=torch.float32) / num_heads)
+
+
+class KeyPositions(NamedTuple):
+    """How the episode steps of memory tokens enter their keys and values (``Transformer.key_positions``)."""
+
+    additive: torch.Tensor | None  # (B, S, K, D) encoding added to the tokens ("relative", "learned"), or None
+    rotation: tuple[torch.Tensor, torch.Tensor] | None  # rotary cosines and sines (B, 1, S, d/2) of the keys, or None
+
+
 class AttentionMask(NamedTuple):
-    """A (B, Q, S) visibility mask in the form attention uses, built once per forward pass for all blocks."""
+    """What every block's attention needs besides its keys and values, built once per forward pass for all blocks."""
 
     has_memory: torch.Tensor  # (B, Q, 1) True for rows with at least one visible slot
-    safe_mask: torch.Tensor  # (B, 1, Q, S) the mask with slot 0 opened for empty rows (their output is zeroed)
+    safe_mask: torch.Tensor  # (B, 1, Q, S) boolean: the mask with slot 0 opened for empty rows (their output is zeroed);
+    # or (B, H, Q, S) float: 0 or ALiBi's bias where visible, -inf elsewhere
+    query_rotation: tuple[torch.Tensor, torch.Tensor] | None = None  # rotary (cos, sin) (B, 1, Q, d/2) of the queries
 
     @classmethod
-    def build(cls, mask: torch.Tensor) -> AttentionMask:
-        """From a (B, Q, S) boolean mask, True where a query may attend to a memory slot."""
+    def build(
+        cls,
+        mask: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        query_rotation: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> AttentionMask:
+        """From a (B, Q, S) boolean mask, True where a query may attend to a memory slot, an optional score bias
+        (B, H, Q, S) and the queries' rotary angles."""
         has_memory = mask.any(dim=-1, keepdim=True)
         # A fully masked row is undefined in softmax (NaN on some kernels): open slot 0 for it, then zero its output.
         first_slot = torch.zeros_like(mask)
         first_slot[..., 0] = True
-        return cls(has_memory, (mask | (first_slot & ~has_memory)).unsqueeze(1))
+        safe_mask = (mask | (first_slot & ~has_memory)).unsqueeze(1)  # (B, 1, Q, S)
+        if bias is not None:
+            safe_mask = bias.masked_fill(~safe_mask, float("-inf"))  # (B, H, Q, S)
+        return cls(has_memory, safe_mask, query_rotation)
 
 
 class MultiHeadAttention(nn.Module):
@@ -127,12 +180,17 @@ class MultiHeadAttention(nn.Module):
         Returns the output (B, Q, D), zero for rows without any visible slot, and, if asked, the attention
         weights (B, H, Q, S) (zero rows where nothing is visible).
         """
-        has_memory, safe_mask = mask
+        has_memory, safe_mask, query_rotation = mask
         q = self.split_heads(self.query(query))  # (B, H, Q, d)
+        if query_rotation is not None:
+            q = rotate(q, query_rotation)
+        if safe_mask.is_floating_point():
+            safe_mask = safe_mask.to(q.dtype)  # SDPA wants a float mask in the query's dtype (bfloat16 under autocast)
         weights = None
         if return_weights:
             scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, Q, S)
-            weights = scores.masked_fill(~safe_mask, float("-inf")).softmax(dim=-1) * has_memory.unsqueeze(1)
+            scores = scores + safe_mask if safe_mask.is_floating_point() else scores.masked_fill(~safe_mask, float("-inf"))
+            weights = scores.softmax(dim=-1) * has_memory.unsqueeze(1)
             attended = weights @ v
         else:
             attended = F.scaled_dot_product_attention(q, k, v, attn_mask=safe_mask)  # (B, H, Q, d)
@@ -208,9 +266,12 @@ class Transformer(nn.Module):
             # One table for all blocks, initialised as the reference does.
             self.learned_positions = nn.Parameter(torch.randn(LEARNED_POSITIONS, config.embed_dim))
         self.blocks = nn.ModuleList([TransformerBlock(config) for _ in range(config.num_blocks)])
+        if config.positional_encoding == "alibi":
+            self.register_buffer("alibi_slopes", alibi_slopes(config.num_heads).view(1, -1, 1, 1), persistent=False)
 
     def position_encoding(self, steps: torch.Tensor) -> torch.Tensor | None:
-        """Per-block encoding (B, S, K, D) of memory tokens at episode ``steps`` (B, S), or None without encoding."""
+        """Per-block encoding (B, S, K, D) added to memory tokens at episode ``steps`` (B, S), or None where the
+        encoding adds nothing to the tokens (none, "rotary", "alibi")."""
         kind = self.config.positional_encoding
         if kind == "relative":
             encoding = sinusoidal_encoding(steps, self.config.embed_dim).unsqueeze(2)  # (B, S, 1, D)
@@ -224,6 +285,13 @@ class Transformer(nn.Module):
             return encoding.unsqueeze(2).expand(-1, -1, self.config.num_blocks, -1)  # the same for every block
         return None
 
+    def key_positions(self, steps: torch.Tensor) -> KeyPositions:
+        """How memory tokens at episode ``steps`` (B, S) carry their position into every block's keys and values."""
+        rotation = None
+        if self.config.positional_encoding == "rotary":
+            rotation = rotary_angles(steps, self.config.embed_dim // self.config.num_heads)
+        return KeyPositions(self.position_encoding(steps), rotation)
+
     def project_memory(self, memory: torch.Tensor, steps: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Keys and values of every block's memory.
 
@@ -235,18 +303,20 @@ class Transformer(nn.Module):
             K pairs (k, v), each (B, H, S, d).
         """
         memory = memory.float()
-        positions = self.position_encoding(steps)  # (B, S, K, D) or None
-        return [
-            self.project_block(i, memory[:, :, i], None if positions is None else positions[:, :, i])
-            for i in range(len(self.blocks))
-        ]
+        positions = self.key_positions(steps)
+        return [self.project_block(i, memory[:, :, i], positions) for i in range(len(self.blocks))]
 
-    def project_block(self, i: int, memory: torch.Tensor, positions: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values (B, H, S, d) of block i's memory tokens (B, S, D) with their encoding (B, S, D) or None."""
-        if positions is None:
-            return self.blocks[i].project_memory(memory)
-        # Positions select (keys); with positional_values false they do not drown what is read (values).
-        return self.blocks[i].project_memory(memory + positions, None if self.config.positional_values else memory)
+    def project_block(self, i: int, memory: torch.Tensor, positions: KeyPositions) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values (B, H, S, d) of block i's memory tokens (B, S, D) at the positions ``key_positions`` gave."""
+        if positions.additive is None:
+            k, v = self.blocks[i].project_memory(memory)
+        else:
+            # Positions select (keys); with positional_values false they do not drown what is read (values).
+            encoded = memory + positions.additive[:, :, i]
+            k, v = self.blocks[i].project_memory(encoded, None if self.config.positional_values else memory)
+        if positions.rotation is not None:
+            k = rotate(k, positions.rotation)
+        return k, v
 
     def forward(
         self,
@@ -255,6 +325,7 @@ class Transformer(nn.Module):
         mask: torch.Tensor,
         return_weights: bool = False,
         query_steps: torch.Tensor | None = None,
+        key_steps: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor] | None]:
         """Run the blocks: the one block loop of every path (rollout, training chunks, plain windows).
 
@@ -264,7 +335,8 @@ class Transformer(nn.Module):
                 for memories whose slots hold this very pass's block inputs (see TrXLMemory's memory_gradients).
             mask: (B, Q, S) True where a query may attend to a memory slot.
             return_weights: also return each block's attention weights.
-            query_steps: (B, Q) episode step of each query; used with ``query_position`` only.
+            query_steps: (B, Q) episode step of each query; needed with ``query_position``, "rotary" and "alibi".
+            key_steps: (B, S) episode step of each memory slot; needed with "alibi" (its bias is by distance).
 
         Returns:
             out (B, Q, D); tokens (B, Q, K, D), the block inputs, i.e. the new memory tokens of these steps;
@@ -274,8 +346,8 @@ class Transformer(nn.Module):
         h = torch.relu(self.embedding(h))
         tokens = []
         weights = [] if return_weights else None
-        attention_mask = AttentionMask.build(mask)
-        query = self.config.query_position and self.config.positional_encoding
+        attention_mask = self.attention_mask(mask, query_steps, key_steps)
+        query = self.config.query_position and self.config.positional_encoding in ("relative", "learned")
         if query and query_steps is None:
             raise ValueError("transformer.query_position needs the episode step of each query: pass query_steps")
         query_positions = self.position_encoding(query_steps) if query else None  # (B, Q, K, D)
@@ -287,3 +359,18 @@ class Transformer(nn.Module):
             if return_weights:
                 weights.append(w)
         return h, torch.stack(tokens, dim=2), weights
+
+    def attention_mask(
+        self, mask: torch.Tensor, query_steps: torch.Tensor | None, key_steps: torch.Tensor | None
+    ) -> AttentionMask:
+        """The mask (B, Q, S) with what the encoding adds to attention: rotary angles of the queries or ALiBi's bias."""
+        kind = self.config.positional_encoding
+        if kind not in ("rotary", "alibi"):
+            return AttentionMask.build(mask)
+        if query_steps is None or (kind == "alibi" and key_steps is None):
+            raise ValueError(f"positional_encoding '{kind}' needs the episode steps of the queries and memory slots")
+        if kind == "rotary":
+            head_width = self.config.embed_dim // self.config.num_heads
+            return AttentionMask.build(mask, query_rotation=rotary_angles(query_steps, head_width))
+        distance = (query_steps.unsqueeze(2) - key_steps.unsqueeze(1)).unsqueeze(1).float()  # (B, 1, Q, S)
+        return AttentionMask.build(mask, bias=-self.alibi_slopes * distance)  # (B, H, Q, S)

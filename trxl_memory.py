@@ -346,15 +346,18 @@ class TrXLMemory(Memory):
         rows = slice(None) if index is None else index
         steps = state.episode_steps[rows]
         mask = self.layout.ring_mask(steps).unsqueeze(1)  # (n, 1, L)
+        key_steps = state.token_steps[rows]  # (n, L)
         if self.path == "plain":
-            keys_values = self.transformer.project_memory(state.tokens[rows], state.token_steps[rows])
+            keys_values = self.transformer.project_memory(state.tokens[rows], key_steps)
         else:
             if state.keys_values is None:
                 self.sync(state)
             span = self.layout.ring_span(steps)
             keys_values = [(k[rows, :, :span], v[rows, :, :span]) for k, v in state.keys_values]
-            mask = mask[..., :span]
-        out, tokens, weights = self.transformer(h.unsqueeze(1), keys_values, mask, return_attention, steps.unsqueeze(1))
+            mask, key_steps = mask[..., :span], key_steps[:, :span]
+        out, tokens, weights = self.transformer(
+            h.unsqueeze(1), keys_values, mask, return_attention, steps.unsqueeze(1), key_steps
+        )
         # Copies: commit and end_episodes change the state in place, the record keeps this step's.
         return MemoryOutput(out[:, 0], TrXLRecord(tokens[:, 0], steps.clone(), state.episode_ids[rows].clone()), weights)
 
@@ -387,11 +390,12 @@ class TrXLMemory(Memory):
         """Fast: each of a chunk's S slots is projected once and the C queries attend to their bands in one call.
         Plain: every step's window is cut out and projected on its own. With ``memory_gradients``: see
         ``_chunk_source``."""
+        steps = {"query_steps": context.query_steps, "key_steps": context.steps}
         if self.config.memory_gradients:
-            out, tokens, _ = self.transformer(h, self._chunk_source(context), context.mask, query_steps=context.query_steps)
+            out, tokens, _ = self.transformer(h, self._chunk_source(context), context.mask, **steps)
         elif self.path == "fast":
             keys_values = self.transformer.project_memory(context.memory, context.steps)
-            out, tokens, _ = self.transformer(h, keys_values, context.mask, query_steps=context.query_steps)
+            out, tokens, _ = self.transformer(h, keys_values, context.mask, **steps)
         else:
             b, c = h.shape[:2]
             length = self.layout.length
@@ -413,7 +417,9 @@ class TrXLMemory(Memory):
         check_memory_rules("trxl", self.config.memory_gradients, "steps", self.path)
         if self.path == "fast":
             keys_values = self.transformer.project_memory(context.memory, context.steps)
-            out, tokens, _ = self.transformer(h, keys_values, context.mask, query_steps=context.query_steps)
+            out, tokens, _ = self.transformer(
+                h, keys_values, context.mask, query_steps=context.query_steps, key_steps=context.steps
+            )
             return MemoryOutput(out, tokens, None)
         b, q = h.shape[:2]
         length = self.layout.length
@@ -437,14 +443,14 @@ class TrXLMemory(Memory):
         """
         carried = self.layout.carried()
         stale = context.memory[:, :carried].float()  # (B, L, K, D)
-        positions = self.transformer.position_encoding(context.steps)  # (B, S, K, D) or None
+        positions = self.transformer.key_positions(context.steps)
 
         def source(i: int, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             own = h[:, :-1]  # (B, C - 1, D) block i's inputs of the chunk's steps 0 .. C - 2
             if self.memory_dtype != torch.float32:
                 own = own.to(self.memory_dtype).float()
             slots = torch.cat([stale[:, :, i], own], dim=1)  # (B, S, D)
-            return self.transformer.project_block(i, slots, None if positions is None else positions[:, :, i])
+            return self.transformer.project_block(i, slots, positions)
 
         return source
 
@@ -469,7 +475,7 @@ class TrXLMemory(Memory):
         keys_values = self.transformer.project_memory(memory, steps)
         query_steps = None if query_steps is None else query_steps.unsqueeze(1)
         out, tokens, weights = self.transformer(
-            h.unsqueeze(1), keys_values, visible.unsqueeze(1), return_attention, query_steps
+            h.unsqueeze(1), keys_values, visible.unsqueeze(1), return_attention, query_steps, steps
         )
         return MemoryOutput(out[:, 0], tokens[:, 0], weights)
 

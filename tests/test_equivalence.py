@@ -20,6 +20,10 @@ from model import ActorCriticModel, PolicyOutput
 from ppo import forward_minibatch
 
 OPTIONS = list(itertools.product(["", "relative", "learned"], ["", "pre", "post"], [False, True]))
+# The distance-only encodings with each layer norm and both joins, not the whole product: they share everything else.
+OPTIONS += [(encoding, "pre", False) for encoding in ("rotary", "alibi")] + [
+    (encoding, layer_norm, True) for encoding in ("rotary", "alibi") for layer_norm in ("", "post")
+]
 N, T, L, OBS = 3, 12, 5, 4
 
 
@@ -99,7 +103,9 @@ def test_rollout_cache_equals_plain_and_trace_windows(positional_encoding: str, 
         for t in range(T):
             visible = episodes[:, t] == query_episodes[:, t : t + 1]
             h = model.encoder(fast_buffer.obs[:, t].unsqueeze(1))[:, 0]
-            out = model.memory.forward_windows(h, memory[:, t].permute(0, 3, 1, 2), steps[:, t], visible)
+            query_steps = fast_buffer.trace.steps[:, L + t]  # (N,) each worker's own episode step
+            window = memory[:, t].permute(0, 3, 1, 2)  # (N, L, K, D)
+            out = model.memory.forward_windows(h, window, steps[:, t], visible, query_steps=query_steps)
             torch.testing.assert_close(model.value(out.features), fast_buffer.values[:, t], rtol=1e-5, atol=1e-5)
 
 

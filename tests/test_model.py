@@ -10,17 +10,23 @@ from conftest import random_rollout_buffer, small_config
 
 from model import ActorCriticModel, PolicyOutput
 from ppo import forward_minibatch
-from transformer import LEARNED_POSITIONS, sinusoidal_encoding
+from transformer import LEARNED_POSITIONS, alibi_slopes, rotary_angles, rotate, sinusoidal_encoding
 from trxl_memory import TrXLContext, ring_mask
 
 OPTIONS = list(itertools.product(["", "relative", "learned"], ["", "pre", "post"], [False, True]))
+# The distance-only encodings with each layer norm and both joins, not the whole product: they share everything else.
+OPTIONS += [(encoding, "pre", False) for encoding in ("rotary", "alibi")] + [
+    (encoding, layer_norm, True) for encoding in ("rotary", "alibi") for layer_norm in ("", "post")
+]
 
 
 def window_output(
     model: ActorCriticModel, obs: torch.Tensor, memory: torch.Tensor, steps: torch.Tensor, visible: torch.Tensor
 ) -> PolicyOutput:
     """Policy and value of observations (B, *obs_shape) with their memory windows (B, L, K, D), on the plain path."""
-    out = model.memory.forward_windows(model.encoder(obs.unsqueeze(1))[:, 0], memory, steps, visible, return_attention=True)
+    features = model.encoder(obs.unsqueeze(1))[:, 0]
+    query_steps = steps.max(dim=1).values + 1  # (B,) the step after the window's newest slot
+    out = model.memory.forward_windows(features, memory, steps, visible, return_attention=True, query_steps=query_steps)
     return PolicyOutput(model.policy(out.features), model.value(out.features), out.record, out.attention)
 
 
@@ -38,7 +44,7 @@ def test_output_shapes(positional_encoding: str, layer_norm: str, gtrxl: bool, o
     memory = torch.randn(b, s, k, d)
     steps = torch.arange(s).expand(b, s)
     mask = torch.rand(b, q, s) < 0.5
-    context = TrXLContext(memory, steps, mask, model.memory.layout.chunk_windows(mask[:, 0]))
+    context = TrXLContext(memory, steps, mask, model.memory.layout.chunk_windows(mask[:, 0]), query_steps=steps[:, -q:])
     out = model(torch.rand(b, q, *obs_shape), context)
     assert [tuple(x.shape) for x in out.policy.logits] == [(b, q, n) for n in action_dims]
     assert out.value.shape == (b, q)
@@ -50,7 +56,9 @@ def test_output_shapes(positional_encoding: str, layer_norm: str, gtrxl: bool, o
     step = model.step(torch.rand(b, *obs_shape), state, return_attention=True)
     assert step.value.shape == (b,) and step.record.tokens.shape == (b, k, d)
     assert [tuple(w.shape) for w in step.attention] == [(b, 2, 1, 1)] * k  # one ring slot passed on at step 0
-    window = model.memory.forward_windows(torch.rand(b, d), memory[:, :length], steps[:, :length], mask[:, 0, :length])
+    window = model.memory.forward_windows(
+        torch.rand(b, d), memory[:, :length], steps[:, :length], mask[:, 0, :length], query_steps=steps[:, length]
+    )
     assert window.features.shape == (b, d) and window.record.shape == (b, k, d)
 
 
@@ -131,7 +139,7 @@ def test_agent_is_initialised_as_the_reference() -> None:
     assert gate.bias.grad is not None and gate.bias.grad.abs().sum() > 0  # the gate bias is learned
 
 
-@pytest.mark.parametrize("positional_encoding", ["", "relative"])
+@pytest.mark.parametrize("positional_encoding", ["", "relative", "rotary", "alibi"])
 @pytest.mark.parametrize("blocks", [1, 2, 3])
 def test_memory_length_one_reaches_back_one_step_per_block(positional_encoding: str, blocks: int) -> None:
     # As in Transformer-XL, block i's memory holds block i's inputs, which saw the step before them: with L = 1 a
@@ -159,6 +167,38 @@ def test_memory_length_one_reaches_back_one_step_per_block(positional_encoding: 
         changed[steps - 1 - back] += 1.0
         same = torch.allclose(last_value(changed), last_value(base))
         assert same == (back > blocks), f"a change {back} steps back, {blocks} blocks"
+
+
+@pytest.mark.parametrize("positional_encoding", ["rotary", "alibi"])
+def test_distance_encodings_see_how_long_ago_not_when(positional_encoding: str) -> None:
+    # Rotary and ALiBi attention depend on the distance between the query's and each memory token's episode steps:
+    # the same window 400 steps later in an episode gives the same output; the same tokens in another order do not.
+    torch.manual_seed(0)
+    config = small_config({"positional_encoding": positional_encoding, "num_heads": 2, "memory_length": 4})
+    model = ActorCriticModel(config, (3,), [3])
+    h = torch.rand(2, 16)
+    memory = torch.rand(2, 4, 2, 16)
+    steps = torch.arange(3, 7).expand(2, 4)  # (2, 4): steps 3..6, the query at step 7
+    visible = torch.ones(2, 4, dtype=torch.bool)
+    with torch.no_grad():
+        early = model.memory.forward_windows(h, memory, steps, visible, query_steps=torch.full((2,), 7)).features
+        late = model.memory.forward_windows(h, memory, steps + 400, visible, query_steps=torch.full((2,), 407)).features
+        reordered = model.memory.forward_windows(h, memory, steps.flip(1), visible, query_steps=torch.full((2,), 7)).features
+    torch.testing.assert_close(late, early, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(reordered, early, atol=1e-3)
+
+
+def test_alibi_slopes_are_the_papers_geometric_sequence() -> None:
+    torch.testing.assert_close(alibi_slopes(4), torch.tensor([2**-2, 2**-4, 2**-6, 2**-8]))
+    torch.testing.assert_close(alibi_slopes(1), torch.tensor([2**-8]))
+
+
+def test_rotary_keeps_the_norm_and_turns_by_the_distance() -> None:
+    x, y = torch.randn(1, 1, 1, 8), torch.randn(1, 1, 1, 8)
+    turned = rotate(x, rotary_angles(torch.tensor([[5]]), 8))
+    torch.testing.assert_close(turned.norm(), x.norm())
+    dot = (rotate(x, rotary_angles(torch.tensor([[9]]), 8)) * rotate(y, rotary_angles(torch.tensor([[4]]), 8))).sum()
+    torch.testing.assert_close(dot, (turned * y).sum())  # steps 9 and 4 as steps 5 and 0
 
 
 def test_query_position_without_query_steps_is_a_clear_error() -> None:
