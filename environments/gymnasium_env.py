@@ -12,7 +12,8 @@ Config::
 Observations become what the models take: a uint8 Box image (H, W, C) or (C, H, W) with C in 1..4 becomes (C, H, W)
 float32 in [0, 1] (a (H, W) image becomes (1, H, W)); a 1-D Box vector of any dtype becomes float32 unchanged; a
 Discrete or 1-D MultiDiscrete observation becomes a one-hot float32 vector (one block per entry); a Dict of these
-(not nested) becomes a dict of them, each key encoded by its own encoder.
+(not nested) becomes a dict of them, each key encoded by its own encoder, and so does a Tuple of these, its parts
+keyed "0", "1", ... (zero-padded: "00" to "11" for 12 parts).
 Actions must be Discrete or (1-D) MultiDiscrete, where a nonzero ``start`` is shifted to 0, or a 1-D Box with finite
 bounds (continuous actions; the workers clip them to the bounds). Time limits come from
 gymnasium's TimeLimit wrapper and stay truncations; a step that is both terminated and truncated counts as terminated.
@@ -35,7 +36,7 @@ from environments.registry import REQUIRED, EnvFamily, Key, import_failure, inva
 
 SUPPORTED = (
     "supported: observations as a Box of uint8 images (H, W, C) or (C, H, W) with C in 1..4 or (H, W), a 1-D Box "
-    "vector of any dtype, Discrete or 1-D MultiDiscrete (one-hot), or a Dict of these; actions as Discrete, "
+    "vector of any dtype, Discrete or 1-D MultiDiscrete (one-hot), or a Dict or Tuple of these; actions as Discrete, "
     "1-D MultiDiscrete or a 1-D Box with finite bounds"
 )
 
@@ -138,12 +139,12 @@ def _layout(space: spaces.Space) -> str | tuple | dict | None:
 
     A uint8 (H, W, C) whose first and last sides both fit a channel count is taken as gymnasium's usual HWC.
     """
-    if isinstance(space, spaces.Dict):
+    if isinstance(space, spaces.Dict | spaces.Tuple):
         if not space.spaces:
             return None
-        layouts = {key: _layout(sub) for key, sub in space.spaces.items()}
+        layouts = {key: _layout(sub) for key, sub in _parts(space).items()}
         if any(layout is None or isinstance(layout, dict) for layout in layouts.values()):
-            return None  # an unsupported key, or a nested Dict
+            return None  # an unsupported part, or a nested Dict or Tuple
         return layouts
     if isinstance(space, spaces.Discrete):
         return ("onehot", (int(space.n),))
@@ -165,10 +166,24 @@ def _layout(space: spaces.Space) -> str | tuple | dict | None:
     return None
 
 
+def _parts(space: spaces.Dict | spaces.Tuple) -> dict[str, spaces.Space]:
+    """The parts of a Dict space by key, or of a Tuple space by position as keys "0", "1", ... (zero-padded to one
+    width, so that their sorted order is their order in the tuple)."""
+    if isinstance(space, spaces.Dict):
+        return dict(space.spaces)
+    width = len(str(len(space.spaces) - 1))
+    return {str(i).zfill(width): sub for i, sub in enumerate(space.spaces)}
+
+
+def _part(container: object, key: str) -> object:
+    """Part ``key`` of a Dict space or observation (by name) or of a Tuple one (by position, see ``_parts``)."""
+    return container[int(key)] if isinstance(container, tuple | list | spaces.Tuple) else container[key]
+
+
 def _converted_space(space: spaces.Space, layout: str | tuple | dict) -> spaces.Space:
-    """The observation space the models see for a space of this layout."""
+    """The observation space the models see for a space of this layout (a Tuple's as a Dict of its parts)."""
     if isinstance(layout, dict):
-        return spaces.Dict({key: _converted_space(space[key], layout[key]) for key in sorted(layout)})
+        return spaces.Dict({key: _converted_space(_part(space, key), layout[key]) for key in sorted(layout)})
     if layout == "vector":
         return spaces.Box(low=space.low.astype(np.float32), high=space.high.astype(np.float32), dtype=np.float32)
     if isinstance(layout, tuple):  # one-hot
@@ -180,7 +195,7 @@ def _converted_space(space: spaces.Space, layout: str | tuple | dict) -> spaces.
 def _convert(obs: object, layout: str | tuple | dict) -> np.ndarray | dict:
     """An observation of the environment as the models take it (see the module docstring)."""
     if isinstance(layout, dict):
-        return {key: _convert(obs[key], layout[key]) for key in sorted(layout)}
+        return {key: _convert(_part(obs, key), layout[key]) for key in sorted(layout)}
     if isinstance(layout, tuple):  # one-hot blocks, one per entry
         counts = layout[1]
         out = np.zeros(sum(counts), dtype=np.float32)

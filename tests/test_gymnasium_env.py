@@ -13,7 +13,7 @@ import toy_env
 from conftest import small_config
 
 from config import ConfigError
-from environments import create_env, episode_limit, validate_env_config
+from environments import create_env, episode_limit, gymnasium_env, validate_env_config
 
 TOY = {"type": "Gymnasium", "id": "toy_env:ToyCue-v0"}
 TOY_IMAGE = {"type": "Gymnasium", "id": "toy_env:ToyCueImage-v0"}
@@ -167,8 +167,8 @@ def test_render_modes_follow_the_env_metadata() -> None:
             ["environment.id", r"action space Box\(-inf, inf, \(1,\), float32\)", "infinite bounds", "finite low and high"],
         ),
         (
-            {**TOY, "id": "toy_env:ToyTupleObs-v0"},
-            ["environment.id", r"observation space Tuple\(Discrete\(2\), Discrete\(5\)\)", r"\(H, W, C\)", "vector"],
+            {**TOY, "id": "toy_env:ToyNestedObs-v0"},
+            ["environment.id", r"observation space Tuple\(Discrete\(3\), Tuple\(Discrete\(5\)", r"\(H, W, C\)", "Tuple"],
         ),
         ({**TOY, "kwargs": {"size": 3}}, ["environment.kwargs", "could not be built", "size"]),
         ({**TOY, "kwargs": {"render_mode": "human"}}, ["environment.kwargs", "render_mode"]),
@@ -258,6 +258,25 @@ def test_training_on_a_gymnasium_id_without_editing_the_package(tmp_path: str, n
     assert os.path.isfile(trainer.model_path)
     assert set(means) >= {"reward", "length", "success"}  # 32 steps of 4-step episodes end some episodes
     assert means["length"] == 4.0
+
+
+def test_tuple_observations_become_dicts_of_their_parts() -> None:
+    env = create_env({**TOY, "id": "toy_env:ToyTupleObs-v0"})
+    length = toy_env.ToyCueEnv().length
+    assert {key: space.shape for key, space in env.observation_space.spaces.items()} == {"0": (3,), "1": (length + 1,)}
+    obs, _ = env.reset(seed=0)
+    np.testing.assert_array_equal(obs["0"], np.eye(3, dtype=np.float32)[1 + env.unwrapped.cue])
+    np.testing.assert_array_equal(obs["1"], np.eye(length + 1, dtype=np.float32)[0])
+    obs, *_ = env.step(0)
+    np.testing.assert_array_equal(obs["0"], [1, 0, 0])
+    np.testing.assert_array_equal(obs["1"], np.eye(length + 1, dtype=np.float32)[1])
+    assert env.observation_space.contains(obs)
+
+
+def test_a_tuple_of_twelve_parts_keeps_its_order_in_sorted_keys() -> None:
+    space = gymnasium.spaces.Tuple([gymnasium.spaces.Discrete(n + 2) for n in range(12)])
+    parts = gymnasium_env._parts(space)
+    assert list(parts) == sorted(parts) and [sub.n for sub in parts.values()] == list(range(2, 14))
 
 
 def test_dict_observations_become_dicts_of_images_and_one_hot_vectors() -> None:

@@ -116,14 +116,26 @@ class ToyBoxActionEnv(ToyCueEnv):
 
 
 class ToyTupleObsEnv(ToyCueEnv):
-    """ToyCue with a Tuple observation, which the models cannot take."""
+    """ToyCue observed as a Tuple (as POPGym's tasks are): (cue, 1 + cue in the first observation and 0 after; step)."""
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)
-        self.observation_space = spaces.Tuple((spaces.Discrete(2), spaces.Discrete(5)))
+        self.observation_space = spaces.Tuple((spaces.Discrete(3), spaces.Discrete(self.length + 1)))
 
     def _observation(self) -> tuple[int, int]:
-        return (self.cue if self.t == 0 else 0, self.t)
+        return (1 + self.cue if self.t == 0 else 0, self.t)
+
+
+class ToyNestedObsEnv(ToyTupleObsEnv):
+    """ToyTupleObs with its step nested in a Tuple of its own, which the models cannot take."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)
+        self.observation_space = spaces.Tuple((spaces.Discrete(3), spaces.Tuple((spaces.Discrete(self.length + 1),))))
+
+    def _observation(self) -> tuple:
+        cue, step = super()._observation()
+        return (cue, (step,))
 
 
 class ToyDictObsEnv(ToyCueEnv):
@@ -148,6 +160,7 @@ for _name, _entry_point in (
     ("ToyCueImage-v0", ToyCueImageEnv),
     ("ToyBoxAction-v0", ToyBoxActionEnv),
     ("ToyTupleObs-v0", ToyTupleObsEnv),
+    ("ToyNestedObs-v0", ToyNestedObsEnv),
 ):
     if _name not in gymnasium.registry:  # a second import (e.g. under another module name) must not re-register
         gymnasium.register(id=_name, entry_point=_entry_point, max_episode_steps=SPEC_LIMIT)
