@@ -26,6 +26,7 @@ from config import Config, ConfigError, validate_config, with_saved_defaults
 from distributed import SINGLE, Ranks, gather_to_main
 from memory import MemoryState, MemoryTrace
 from model import ActorCriticModel
+from normalization import RewardScaler
 
 
 def atomic_save(payload: dict, path: str) -> None:
@@ -149,6 +150,7 @@ def snapshot_training(
     memory_state: MemoryState,
     trace: MemoryTrace,
     ranks: Ranks = SINGLE,
+    reward_scaler: RewardScaler | None = None,
 ) -> dict | None:
     """Everything a resumed run needs, copied (the model keeps training after this); ``restore_training`` reads it.
 
@@ -158,12 +160,14 @@ def snapshot_training(
     device = next(model.parameters()).device
     cuda = device.type == "cuda"
     memory, trace_state = memory_state.state_dict(), trace.state_dict()  # CPU copies
+    rewards = None if reward_scaler is None else reward_scaler.state_dict()
     shards = None
     if ranks.distributed:
         shard = {
             "workers": workers_state,
             "memory": memory,
             "trace": trace_state,
+            "returns": None if rewards is None else rewards["returns"],
             # Each rank samples on its own GPU, whose generator only that rank's process knows.
             "cuda_rng": torch.cuda.get_rng_state(device) if cuda else None,
         }
@@ -195,7 +199,11 @@ def snapshot_training(
         "memory": memory,
         "trace": trace_state,
     }
+    if rewards is not None:
+        snapshot["rewards"] = rewards  # normalize_rewards: the return statistics and each worker's running return
     if shards is not None:
+        if rewards is not None:
+            snapshot["rewards"] = {**rewards, "returns": [shard["returns"] for shard in shards]}
         snapshot.update(
             world_size=ranks.world,
             memory=[shard["memory"] for shard in shards],
@@ -212,6 +220,7 @@ def restore_training(
     generator: torch.Generator,
     memory_state: MemoryState,
     trace: MemoryTrace,
+    reward_scaler: RewardScaler | None = None,
 ) -> Progress:
     """Load a ``snapshot_training`` payload into freshly built parts; the caller restores the workers from
     ``payload["workers"]``. Returns the run's progress."""
@@ -236,6 +245,10 @@ def restore_training(
     generator.set_state(payload["rng"]["minibatch"])
     memory_state.load_state_dict(payload["memory"])
     trace.load_state_dict(payload["trace"])
+    if reward_scaler is not None:
+        if "rewards" not in payload:
+            raise ValueError("the checkpoint was trained without normalize_rewards: resume it with normalize_rewards false")
+        reward_scaler.load_state_dict(payload["rewards"])
     return Progress(
         payload["run_id"], payload["seed"], payload["memory_path"], payload["summary_dir"], payload["update"],
         payload["env_steps"],

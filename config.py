@@ -132,6 +132,9 @@ class Config:
     minibatch_sampling: str
     sequence_length: int
     normalize_advantages: bool
+    normalize_observations: bool
+    normalize_rewards: bool
+    normalize_clip: float
     clipped_log_prob: bool
     value_loss_coefficient: float
     value_trains_memory: bool
@@ -260,6 +263,21 @@ SCHEMA: dict[str, tuple] = {
         "consecutive steps per minibatch chunk (0 = largest divisor of worker_steps <= 128 that fits); unused with "
         "minibatch_sampling steps",
     ),
+    "normalize_observations": (
+        bool,
+        False,
+        None,
+        "shift and scale each feature of vector observations by its running mean and standard deviation, then clip "
+        "(as VecNormalize); images are left as they are; the statistics are saved with the model and frozen in evaluation",
+    ),
+    "normalize_rewards": (
+        bool,
+        False,
+        None,
+        "divide rewards by the running standard deviation of the discounted return, then clip (as VecNormalize); the "
+        "reported episode rewards stay unscaled",
+    ),
+    "normalize_clip": (float, 10.0, _POSITIVE, "normalised observations and rewards are clipped to [-clip, clip]"),
     "normalize_advantages": (
         bool,
         True,
@@ -564,7 +582,11 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
 
 # Keys added after runs were saved, whose default is not what those runs did: a saved config (checkpoint, model file,
 # experiment record) without the key gets this value, so that an old model behaves as it was trained.
-SAVED_DEFAULTS = {"transformer.query_position": False, "transformer.positional_values": True}
+SAVED_DEFAULTS = {
+    "transformer.query_position": False,
+    "transformer.positional_values": True,
+    "transformer.memory_gradients": False,
+}
 
 
 def with_saved_defaults(saved: dict) -> dict:

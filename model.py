@@ -27,6 +27,7 @@ from config import Config
 from encoders import make_decoder, make_encoder
 from heads import DiagonalGaussian, MultiCategorical, ValueHead, make_policy_head
 from memory import MemoryOutput, MemoryState, make_memory, memory_input_dim
+from normalization import VectorNormalizers
 
 
 class PolicyOutput(NamedTuple):
@@ -61,6 +62,10 @@ class ActorCriticModel(nn.Module):
         self.observation_shape = observations.normalize_shape(observation_shape)
         self.actions = ActionSpec.coerce(actions)
         self.action_dims = list(self.actions.counts)  # Discrete / MultiDiscrete; empty for continuous actions
+        # Running statistics of vector observations (normalization.py), applied before the encoder; None when off.
+        self.normalizer = (
+            VectorNormalizers(self.observation_shape, config.normalize_clip) if config.normalize_observations else None
+        )
         self.encoder = make_encoder(self.observation_shape, memory_input_dim(config))
         self.memory = make_memory(config, self.encoder.output_dim, memory_path)
         dim = self.memory.output_dim
@@ -96,6 +101,10 @@ class ActorCriticModel(nn.Module):
         stores them)."""
         return self.encoder.prepare(obs)
 
+    def encode(self, obs: torch.Tensor) -> torch.Tensor:
+        """Observations (B, Q, *obs_shape) (normalised first with ``normalize_observations``) -> tokens (B, Q, D)."""
+        return self.encoder(obs if self.normalizer is None else self.normalizer(obs))
+
     def step(
         self, obs: torch.Tensor, state: MemoryState, index: torch.Tensor | None = None, return_attention: bool = False
     ) -> PolicyOutput:
@@ -104,7 +113,7 @@ class ActorCriticModel(nn.Module):
         Leaves ``state`` as it is (bootstrap values only look); ``act`` is the step that is taken and remembered.
         """
         with self.autocast():
-            h = self.encoder(observations.apply(lambda x: x.unsqueeze(1), obs))[:, 0]  # (n, D)
+            h = self.encode(observations.apply(lambda x: x.unsqueeze(1), obs))[:, 0]  # (n, D)
             out = self.memory.step(h, state, index, return_attention)
         return self.heads(out, keep_features=False)
 
@@ -133,7 +142,7 @@ class ActorCriticModel(nn.Module):
         """Policy and values (B, C) of B chunks of C consecutive steps, observations (B, C, *obs_shape), with the
         memory context the trace gave for them."""
         with self.autocast():
-            out = self.memory.forward_chunks(self.encoder(obs), context)
+            out = self.memory.forward_chunks(self.encode(obs), context)
         return self.heads(out)
 
     def forward_steps(self, obs: torch.Tensor, context: object, valid: torch.Tensor | None = None) -> PolicyOutput:
@@ -145,11 +154,11 @@ class ActorCriticModel(nn.Module):
         """
         with self.autocast():
             if valid is None:
-                h = self.encoder(obs)
+                h = self.encode(obs)
             else:
                 # Rows are padded to the longest (a quarter to a third of a minibatch in the shipped configs), and the
                 # encoder is the costliest per-step part: it sees the M real observations only.
-                encoded = self.encoder(observations.apply(lambda x: x[valid].unsqueeze(1), obs))[:, 0]  # (M, D)
+                encoded = self.encode(observations.apply(lambda x: x[valid].unsqueeze(1), obs))[:, 0]  # (M, D)
                 h = encoded.new_zeros(*valid.shape, encoded.shape[-1]).masked_scatter(valid.unsqueeze(-1), encoded)
             out = self.memory.forward_steps(h, context)
         return self.heads(out)

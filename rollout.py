@@ -20,9 +20,10 @@ import torch
 
 import observations
 from buffer import Buffer
-from distributed import Rows
+from distributed import SINGLE, Ranks, Rows
 from memory import MemoryState
 from model import ActorCriticModel
+from normalization import RewardScaler
 from worker import StepResult, Workers
 
 
@@ -49,8 +50,12 @@ class RolloutCollector:
         lamda: float,
         device: torch.device,
         rows: Rows | None = None,
+        reward_scaler: RewardScaler | None = None,
+        ranks: Ranks = SINGLE,
     ) -> None:
-        """``rows``: where these N workers sit among all processes' workers (distributed.py), None for one process."""
+        """``rows``: where these N workers sit among all processes' workers (distributed.py), None for one process;
+        ``reward_scaler``: scales each rollout's rewards before the advantages (``normalize_rewards``), with the
+        statistics of all ``ranks``."""
         self.model = model
         self.rows = rows
         self.workers = workers
@@ -58,6 +63,8 @@ class RolloutCollector:
         self.gamma, self.lamda = gamma, lamda
         self.device = device
         self.n_workers, self.worker_steps = buffer.n_workers, buffer.worker_steps
+        self.reward_scaler = reward_scaler
+        self.ranks = ranks
         self.state: MemoryState = model.memory.start(self.n_workers, device)
         self.obs: torch.Tensor | None = None
 
@@ -88,6 +95,9 @@ class RolloutCollector:
             for episode in result.episodes:
                 for key, value in episode.items():
                     episodes[key].append(float(value))
+        if self.reward_scaler is not None:
+            ended = self.buffer.terminated | self.buffer.truncated
+            self.buffer.rewards = self.reward_scaler.scale(self.buffer.rewards, ended, self.ranks)
         # The bootstrap value uses exactly the memory the next rollout step will use.
         self.buffer.compute_advantages(self.values(self.obs), self.gamma, self.lamda)
         return RolloutStats(dict(episodes))
@@ -113,6 +123,12 @@ class RolloutCollector:
         self.buffer.record_outcome(t, rewards, terminated, truncated, final_values)
         self.state.end_episodes(terminated | truncated)
         self.obs = self.model.prepare(result.obs)
+
+    def update_observation_statistics(self) -> None:
+        """Take the rollout's observations into the model's running statistics (``normalize_observations``): called
+        after the update trained on them, so that the rollout and its training saw the same normalisation."""
+        if self.model.normalizer is not None:
+            self.model.normalizer.update(self.buffer.obs, self.ranks)
 
     def values(self, obs: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
         """Values (n,) of observations (n, *obs_shape) at the current step of workers ``index`` (all), with their memory."""

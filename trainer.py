@@ -25,6 +25,7 @@ from distributed import SINGLE, Ranks, all_gather, check_identical, wait_for_mai
 from environments import agents_per_env
 from evaluation import evaluate, record_episode
 from model import ActorCriticModel
+from normalization import RewardScaler
 from ppo import NonFiniteError, PPOLearner
 from rollout import RolloutCollector, RolloutStats
 from summaries import Summaries, console_line
@@ -97,9 +98,11 @@ class PPOTrainer:
             n, config.worker_steps, obs_shape, self.model.storage_dtype, actions.width, trace, device,
             torch.float32 if actions.continuous else torch.long,
         )  # fmt: skip
+        scaler = RewardScaler(n, config.gamma, config.normalize_clip, device) if config.normalize_rewards else None
         self.collector = RolloutCollector(
-            self.model, self.workers, self.buffer, config.gamma, config.lamda, device, ranks.rows(config.n_workers)
-        )
+            self.model, self.workers, self.buffer, config.gamma, config.lamda, device, ranks.rows(config.n_workers),
+            scaler, ranks,
+        )  # fmt: skip
         if checkpoint is not None:
             checkpoint = shard_of(checkpoint, ranks, self.workers.agents, config.n_workers)
         if checkpoint is None:
@@ -108,7 +111,7 @@ class PPOTrainer:
             self.collector.start(self.workers.reset())
         else:
             self.progress = restore_training(
-                checkpoint, self.model, self.learner.optimizer, generator, self.collector.state, trace
+                checkpoint, self.model, self.learner.optimizer, generator, self.collector.state, trace, scaler
             )
             self.collector.resume(checkpoint["workers"])
         self.summary_dir = self.progress.summary_dir
@@ -133,7 +136,7 @@ class PPOTrainer:
         environment and memory state, gathered on rank 0 (None on the other ranks)."""
         return snapshot_training(
             self.progress, self.config, self.model, self.learner.optimizer, self.learner.generator,
-            self.workers.state(), self.collector.state, self.buffer.trace, self.ranks,
+            self.workers.state(), self.collector.state, self.buffer.trace, self.ranks, self.collector.reward_scaler,
         )  # fmt: skip
 
     def rollout(self) -> RolloutStats:
@@ -187,6 +190,7 @@ class PPOTrainer:
                 rollout = self.rollout()
                 middle = time.time()
                 stats = self.learner.optimize(self.buffer, self.update)
+                self.collector.update_observation_statistics()
                 check_identical(self.model, self.ranks)
                 episode_means = {key: float(np.mean(values)) for key, values in rollout.episodes.items()}
                 line = self.log(rollout.episodes, stats, middle - tick, time.time() - middle)
@@ -315,6 +319,8 @@ def shard_of(checkpoint: dict, ranks: Ranks, agents: int, n_workers: int) -> dic
         "memory": checkpoint["memory"][ranks.rank],
         "trace": checkpoint["trace"][ranks.rank],
     }
+    if "rewards" in checkpoint:  # the statistics are every rank's; the running returns are this rank's workers'
+        shard["rewards"] = {**checkpoint["rewards"], "returns": checkpoint["rewards"]["returns"][ranks.rank]}
     own = (checkpoint.get("cuda_rng") or [None] * ranks.world)[ranks.rank]
     if own is not None:  # the generator of this rank's GPU, not rank 0's view of every device
         shard["rng"] = {**checkpoint["rng"], "cuda_device": own}

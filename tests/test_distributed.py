@@ -108,7 +108,8 @@ def test_ranks_split_the_lanes() -> None:
 @pytest.mark.parametrize(
     "settings",
     [
-        ["--set", "normalize_advantages=true"],
+        # normalisation statistics merged over the ranks are those of all 8 workers
+        ["--set", "normalize_advantages=true", "--set", "normalize_observations=true", "--set", "normalize_rewards=true"],
         ["--set", "memory=gru", "--set", "reconstruction_coefficient=0.1"],
         ["--set", "minibatch_sampling=steps", "--set", "transformer.memory_gradients=false"],
         # target_kl ends update 1 after 3 of its 4 steps and lets update 2 take all 4: every rank must stop together
@@ -139,13 +140,15 @@ def test_two_processes_end_an_update_with_the_parameters_of_one(tmp_path: str, s
 
 def test_two_processes_resume_exactly_and_refuse_another_count(tmp_path: str) -> None:
     folder = str(tmp_path)
-    whole = run(folder, [*SMALL, "--set", "updates=3", "--run-id", "whole"], processes=2)
+    normalised = [*SMALL, "--set", "normalize_observations=true", "--set", "normalize_rewards=true"]
+    whole = run(folder, [*normalised, "--set", "updates=3", "--run-id", "whole"], processes=2)
     assert whole.returncode == 0, whole.stderr
-    first = run(folder, [*SMALL, "--set", "updates=1", "--run-id", "part"], processes=2)
+    first = run(folder, [*normalised, "--set", "updates=1", "--run-id", "part"], processes=2)
     assert first.returncode == 0, first.stderr
     checkpoint = os.path.join("models", "part", "checkpoint.pt")
     payload = torch.load(os.path.join(folder, checkpoint), weights_only=True)
     assert payload["world_size"] == 2 and len(payload["memory"]) == 2 and len(payload["workers"]) == 8
+    assert [len(returns) for returns in payload["rewards"]["returns"]] == [4, 4]  # each rank's workers' returns
     assert any(state["actions"] for state in payload["workers"]), "episodes run across the interruption"
     alone = run(folder, ["--resume", checkpoint, "--set", "updates=3"])
     assert alone.returncode == 2 and "resume with --nproc_per_node=2" in alone.stderr
