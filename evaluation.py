@@ -92,7 +92,24 @@ def evaluate(
             results.extend({key: float(value) for key, value in lane.items()} for lane in ended)
     finally:
         env.close()
+    return count_cut_episodes_as_failures(results)
+
+
+def count_cut_episodes_as_failures(results: list[dict[str, float]]) -> list[dict[str, float]]:
+    """Give every episode cut at ``max_steps`` ``success`` 0 where the task reports success: the agent did not
+    succeed in it, and without the key the success rate would leave it out. (Where every episode was cut, no
+    episode tells that the task has a success, and the results have none.)"""
+    if any("success" in result for result in results):
+        for result in results:
+            if "evaluation_cut" in result:
+                result.setdefault("success", 0.0)
     return results
+
+
+def metric_means(results: list[dict[str, float]]) -> dict[str, float]:
+    """Per metric any episode reports: the mean over the episodes that report it (``reward`` and ``length``: all)."""
+    keys = dict.fromkeys(key for result in results for key in result)  # in order of first appearance
+    return {key: float(np.mean([result[key] for result in results if key in result])) for key in keys}
 
 
 def record_episode(model: ActorCriticModel, config: Config, device: torch.device, seed: int = 0) -> list[np.ndarray]:

@@ -147,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     if not finished:
         print(f"error: no seed finished ({len(failures)} failed); nothing to aggregate", file=sys.stderr)
         return 1
-    metric = "success" if all("success" in run.evaluation[0] for run in finished) else "reward"
+    # Where an episode was cut at the evaluation's step limit, its success is 0 (evaluation.count_cut_episodes_as_failures).
+    metric = "success" if all(any("success" in result for result in run.evaluation) for run in finished) else "reward"
     if threshold is None and metric == "success":
         threshold = SUCCESS_THRESHOLD
     results_dir = os.path.join(RESULTS_DIR, experiment_id)

@@ -19,13 +19,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from checkpoint import load_file, load_model
 from cli import ROOT
 from config import ConfigError, flatten, validate_config, with_saved_defaults
-from evaluation import evaluate
+from evaluation import count_cut_episodes_as_failures, evaluate, metric_means
 from worker import usable_cores
 
 TRAIN = os.path.join(ROOT, "train.py")
@@ -331,11 +330,9 @@ def settle(run: Seed, evaluation: Evaluation, device: torch.device, threads: int
             torch.set_num_threads(previous)
         if run.action != "failed":
             write_record(run, evaluation)
-    shown = "  ".join(
-        f"{key} {np.mean([result[key] for result in run.evaluation]):.3f}"
-        for key in ("reward", "success")
-        if run.evaluation and key in run.evaluation[0]
-    )
+    count_cut_episodes_as_failures(run.evaluation)  # also in records written before cut episodes counted
+    means = metric_means(run.evaluation) if run.evaluation else {}
+    shown = "  ".join(f"{key} {means[key]:.3f}" for key in ("reward", "success") if key in means)
     print(f" failed: {run.reason}" if run.action == "failed" else f" {shown}", flush=True)
 
 

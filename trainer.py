@@ -23,7 +23,7 @@ from checkpoint import Progress, atomic_save, model_file, restore_training, snap
 from config import Config, ConfigError, check_memory_path
 from distributed import SINGLE, Ranks, all_gather, check_identical, wait_for_main
 from environments import agents_per_env
-from evaluation import evaluate, record_episode
+from evaluation import evaluate, metric_means, record_episode
 from model import ActorCriticModel
 from normalization import RewardScaler
 from ppo import NonFiniteError, PPOLearner
@@ -162,7 +162,7 @@ class PPOTrainer:
         if self.ranks.main:
             print(f"  evaluating {self.config.eval_episodes} unseen episodes ...", end="", flush=True)
             results = evaluate(self.model, self.config, self.device, self.config.eval_episodes, seed=EVALUATION_SEED)
-            means = {key: float(np.mean([r[key] for r in results if key in r])) for key in results[0]}
+            means = metric_means(results)
             self.summaries.evaluation(self.progress.env_steps, means)
             if self.config.eval_video:
                 frames = record_episode(self.model, self.config, self.device, EVALUATION_SEED)
