@@ -599,6 +599,20 @@ def with_saved_defaults(saved: dict) -> dict:
     return saved
 
 
+def resumable(saved: dict) -> dict:
+    """A saved config (a checkpoint's) as a config file would say it, so that ``--set`` overrides on resume act as they
+    would on a new run: ``with_saved_defaults``, and the keys that validation derives from others put back to what
+    derives them. ``adam_epsilon_schedule`` is saved with ``initial`` filled in from ``adam_epsilon`` (a constant
+    schedule where the config had none): left so, ``--set adam_epsilon=X`` would be refused as differing from it,
+    or, with ``initial`` set too, the saved ``final`` would put epsilon back to the old value after update 0."""
+    saved = with_saved_defaults(saved)
+    schedule = saved.get("adam_epsilon_schedule")
+    if isinstance(schedule, dict) and "initial" in schedule:
+        constant = schedule["initial"] == schedule.get("final")
+        saved["adam_epsilon_schedule"] = {} if constant else {k: v for k, v in schedule.items() if k != "initial"}
+    return saved
+
+
 def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
     """A nested config as {"dotted.key": value}."""
     flat: dict[str, Any] = {}

@@ -40,6 +40,7 @@ from config import (
     flatten,
     load_config,
     parse_overrides,
+    resumable,
     validate_config,
     with_saved_defaults,
 )
@@ -247,7 +248,7 @@ def train(argv: list[str] | None, ranks: Ranks) -> int:
             checkpoint = load_file(resume)
             if checkpoint.get("kind") != "checkpoint":
                 raise ValueError(f"'{resume}' is a model file, not a checkpoint: use models/<run-id>/checkpoint.pt")
-            config = validate_config(apply_overrides(with_saved_defaults(checkpoint["config"]), overrides))
+            config = validate_config(apply_overrides(resumable(checkpoint["config"]), overrides))
             check_resume_shapes(checkpoint, config.to_dict())
             run_id, seed = checkpoint["run_id"], checkpoint["seed"]
             memory_path = args["--memory-path"] or checkpoint.get("memory_path", "fast")

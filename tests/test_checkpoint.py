@@ -9,6 +9,7 @@ import torch
 from conftest import small_config
 
 from checkpoint import atomic_save, load_model
+from config import apply_overrides, resumable, validate_config
 from trainer import PPOTrainer
 
 
@@ -105,3 +106,24 @@ def test_an_episode_too_long_to_replay_restarts_on_resume(tmp_path: str, monkeyp
         assert resumed.workers.state()[cut[0]]["episode"] == states[cut[0]]["episode"] + 1
     finally:
         resumed.close()
+
+
+@pytest.mark.parametrize(
+    "schedule, expected",
+    [
+        ({}, {0: 1e-3, 1: 1e-3, 150: 1e-3}),  # a constant epsilon becomes the new constant
+        ({"final": 1e-2, "start": 99, "max_decay_steps": 1}, {0: 1e-3, 99: 1e-3, 100: 1e-2}),  # a schedule starts anew
+    ],
+    ids=["constant", "scheduled"],
+)
+def test_resuming_with_a_new_adam_epsilon_sets_it_where_the_schedule_starts(
+    tmp_path: str, schedule: dict, expected: dict
+) -> None:
+    # The checkpoint's config, as train.py --resume reads it, with --set adam_epsilon=1e-3 (issue: refused, or with
+    # the schedule's initial set too, epsilon fell back to the saved final after update 0).
+    trainer = train(tmp_path, "eps", 1, adam_epsilon=1e-4, adam_epsilon_schedule=schedule)
+    saved = torch.load(trainer.checkpoint_path, weights_only=True)["config"]
+    resumed = validate_config(apply_overrides(resumable(saved), {"adam_epsilon": 1e-3}))
+    assert {update: resumed.adam_epsilon_schedule.value(update) for update in expected} == pytest.approx(expected)
+    unchanged = validate_config(resumable(saved))
+    assert unchanged == trainer.config  # resuming without --set keeps the run's config as it was
