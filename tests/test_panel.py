@@ -11,6 +11,7 @@ import sys
 import pytest
 
 import panel
+from config import load_config, parse_overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = """
@@ -122,3 +123,13 @@ def test_a_pair_measured_before_is_linked_not_trained(tmp_path: str) -> None:
     result = run_panel(str(tmp_path), missing, panel_id="third")
     assert result.returncode == 2 and "runs names 'nothing-here', which has no" in result.stderr
     assert not os.path.exists(os.path.join(tmp_path, "results", "panel", "third"))
+
+
+def test_the_public_suite_holds_twelve_tasks_whose_configs_build() -> None:
+    suite = panel.load_panel(os.path.join(ROOT, "configs", "panels", "suite.yaml"))
+    assert len(suite["tasks"]) == 12 and {"trxl", "lstm"} <= set(suite["memories"])
+    for name, task in suite["tasks"].items():
+        for sets in suite["memories"].values():
+            overrides = parse_overrides([*task.get("sets", []), *sets])
+            config = load_config(os.path.join(ROOT, task["config"]), overrides)  # builds each environment once
+            assert config.environment["type"] in ("CartPole", "Gymnasium"), name
