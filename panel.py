@@ -52,7 +52,7 @@ import experiment
 import seeds
 import tables
 from cli import parse_args
-from config import load_config, parse_overrides, read_yaml
+from config import ConfigError, load_config, parse_overrides, read_yaml, validate_config, with_saved_defaults
 from train import config_path
 
 PANEL_DIR = os.path.join("results", "panel")
@@ -100,14 +100,23 @@ def pair_sets(panel: dict, task: str, memory: str) -> list[str]:
 
 
 def settings_differences(recorded: dict, wanted: dict, prefix: str = "") -> list[str]:
-    """Keys whose value differs between a seed record's config and a pair's config, skipping keys the record lacks
-    (added to the trainer since, with the behaviour before as their default), the sections of the memories not in
-    use and the bookkeeping keys."""
+    """Keys whose value differs between a seed record's config and a pair's config, skipping the sections of the
+    memories not in use and the bookkeeping keys. The keys a record lacks (added to the trainer since) count with
+    the values its run had: ``config.with_saved_defaults`` where a default changed since, the default otherwise (the
+    behaviour before); a key that is still missing counts as a difference."""
+    if not prefix:
+        try:
+            recorded = validate_config(with_saved_defaults(recorded)).to_dict()
+        except ConfigError:
+            pass  # a record this version cannot read: its missing keys show as differences below
     in_use = {"trxl": "transformer", "gru": "recurrence", "lstm": "recurrence"}.get(wanted.get("memory"))
     skipped = ({"transformer", "recurrence"} - {in_use}) | seeds.BOOKKEEPING
     differences = []
     for key, value in wanted.items():
-        if key not in recorded or (not prefix and key in skipped):
+        if not prefix and key in skipped:
+            continue
+        if key not in recorded:
+            differences.append(f"{prefix}{key}: absent there, {value!r} in the pair")
             continue
         if isinstance(value, dict) and isinstance(recorded[key], dict):
             differences += settings_differences(recorded[key], value, f"{prefix}{key}.")

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import small_config
 
 import panel
 from config import load_config, parse_overrides
@@ -133,3 +134,16 @@ def test_the_public_suite_holds_twelve_tasks_whose_configs_build() -> None:
             overrides = parse_overrides([*task.get("sets", []), *sets])
             config = load_config(os.path.join(ROOT, task["config"]), overrides)  # builds each environment once
             assert config.environment["type"] in ("CartPole", "Gymnasium"), name
+
+
+def test_a_record_from_before_a_changed_default_counts_with_the_value_it_had() -> None:
+    # A TrXL record written before memory_gradients, query_position and positional_values has none of them: its run
+    # had false, false and true (config.SAVED_DEFAULTS); today's defaults are true, true and false.
+    recorded = small_config().to_dict()
+    for key in ("memory_gradients", "query_position", "positional_values"):
+        del recorded["transformer"][key]
+    wanted = small_config({"memory_gradients": True, "query_position": True, "positional_values": False}).to_dict()
+    differences = panel.settings_differences(recorded, wanted)
+    assert {difference.split(":")[0] for difference in differences} == {
+        "transformer.memory_gradients", "transformer.query_position", "transformer.positional_values"
+    }  # fmt: skip
