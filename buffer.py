@@ -9,7 +9,7 @@ Shape legend (used across the repo):
     M = N * T / n_mini_batch steps in a minibatch of single steps     Q  queries per row (the most steps of one worker)
 
 What the memory keeps of each step (for the TrXL memory: its tokens, in a per-worker trace whose windows are
-``torch.unfold`` views, see trxl_memory.py) is the memory's own ``MemoryTrace``; the buffer stores it in
+``torch.unfold`` views, see memories/trxl.py) is the memory's own ``MemoryTrace``; the buffer stores it in
 ``record_step`` and asks it for each minibatch's memory context. Everything here is the same for every memory.
 """
 
@@ -23,7 +23,7 @@ import torch
 
 import observations
 from distributed import Rows
-from memory import MemoryTrace
+from memories.base import MemoryTrace
 
 
 def _pick(index: tuple[torch.Tensor, ...], x: torch.Tensor) -> torch.Tensor:

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 import torch
 
 import observations
-from action_spec import ActionSpec
 from config import Config, ConfigError, validate_config, with_saved_defaults
 from distributed import SINGLE, Ranks, gather_to_main
-from memory import MemoryState, MemoryTrace
+from environments.action_spec import ActionSpec
+from memories.base import MemoryState, MemoryTrace
 from model import ActorCriticModel
 from normalization import RewardScaler
 

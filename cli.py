@@ -1,7 +1,9 @@
-"""Command-line helpers shared by train.py and enjoy.py: argument parsing that names misspelt flags, paths of the
-files shipped with the repository, and whether a window can open.
+"""Command-line helpers shared by train.py, enjoy.py and the lab's tools: argument parsing that names misspelt flags,
+paths of the files shipped with the repository, and whether a window can open.
 
-The docopt usage text of each script stays the single source of its flags; ``parse_args`` reads them from it.
+The docopt usage text of each script stays the single source of its flags; ``parse_args`` reads them from it. A usage
+line says how the program is run: ``train.py [options]`` for a script, ``python -m lab.tune [options]`` for a tool of
+the lab (a module of the package lab/, run from the repository root).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import os
 import re
 import sys
 
-from docopt import DocoptExit, docopt
+from docopt import DocoptExit, docopt, printable_usage
 
 ROOT = os.path.dirname(os.path.abspath(__file__))  # the repository root, where configs/ and models/ live
 SHIPPED_FOLDERS = ("configs", "models")  # relative paths under these fall back to the repository root
@@ -32,9 +34,16 @@ def usage_flags(doc: str) -> list[str]:
 
 
 def program_name(doc: str) -> str:
-    """The script name from the first usage line, e.g. "train.py"."""
-    match = re.search(r"usage:\s*(\S+)", doc, flags=re.IGNORECASE)
-    return match.group(1) if match else os.path.basename(sys.argv[0])
+    """The command that runs the program of the first usage line, e.g. "python train.py" or "python -m lab.tune"."""
+    match = re.search(r"usage:\s*((?:python -m )?\S+)", doc, flags=re.IGNORECASE)
+    name = match.group(1) if match else os.path.basename(sys.argv[0])
+    return name if name.startswith("python ") else f"python {name}"
+
+
+def docopt_text(doc: str) -> str:
+    """The usage text as docopt reads it: docopt takes the first word of a usage line for the program's name, so
+    ``python -m lab.tune [options]`` becomes ``lab.tune [options]``."""
+    return re.sub(r"^(\s*)python -m (\S)", r"\1\2", doc, flags=re.MULTILINE)
 
 
 def unknown_flags(argv: list[str], flags: list[str]) -> list[str]:
@@ -56,7 +65,7 @@ def unknown_flag_message(name: str, flags: list[str], program: str) -> str:
     """The error line for an unknown flag: the closest real flag, or the list of flags where none is close."""
     close = difflib.get_close_matches(name, flags, n=1, cutoff=0.6)
     if close:
-        return f"error: unknown flag '{name}': did you mean {close[0]}? (python {program} --help lists every flag)"
+        return f"error: unknown flag '{name}': did you mean {close[0]}? ({program} --help lists every flag)"
     return f"error: unknown flag '{name}': {program} takes {', '.join(flags)}"
 
 
@@ -75,7 +84,7 @@ def parse_args(doc: str, argv: list[str] | None = None) -> dict:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise SystemExit(0)
     try:
-        return docopt(doc, argv)
+        return docopt(docopt_text(doc), argv)
     except DocoptExit as error:
         flags, program = usage_flags(doc), program_name(doc)
         unknown = unknown_flags(argv, flags)
@@ -86,7 +95,7 @@ def parse_args(doc: str, argv: list[str] | None = None) -> dict:
             usage = DocoptExit.usage.strip()
             detail = text[: -len(usage)].strip() if usage and text.endswith(usage) else ""
             message = f"error: {detail}" if detail else "error: the arguments do not fit the usage"
-            message += f"\n{usage}\n(python {program} --help explains every flag)"
+            message += f"\n{printable_usage(doc).strip()}\n({program} --help explains every flag)"
         print(message, file=sys.stderr)
         raise SystemExit(2) from None
 
@@ -115,6 +124,13 @@ def shipped_path(path: str) -> str:
     if first in SHIPPED_FOLDERS and os.path.exists(candidate):
         return candidate
     return path
+
+
+def module_environment() -> dict[str, str]:
+    """``os.environ`` with the repository root first on PYTHONPATH: a ``python -m lab.<tool>`` child started in another
+    folder finds the repository's modules (``-m`` puts the current folder on the path, not the repository)."""
+    paths = [ROOT, *[path for path in os.environ.get("PYTHONPATH", "").split(os.pathsep) if path]]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
 
 
 def no_display_reason() -> str | None:

@@ -24,7 +24,7 @@ class ConfigError(ValueError):
     """A configuration value is missing, unknown or out of range."""
 
 
-MEMORY_PATHS = ("fast", "plain")  # the TrXL memory's two implementations (trxl_memory.py)
+MEMORY_PATHS = ("fast", "plain")  # the TrXL memory's two implementations (memories/trxl.py)
 
 
 def check_memory_rules(
@@ -111,7 +111,7 @@ class TransformerConfig:
 
 @dataclass(frozen=True)
 class RecurrenceConfig:
-    """The recurrent memory (``memory`` gru or lstm, see recurrent_memory.py)."""
+    """The recurrent memory (``memory`` gru or lstm, see memories/recurrent.py)."""
 
     hidden_state_size: int
     num_layers: int
@@ -168,8 +168,8 @@ class Config:
 
 
 MINIBATCH_SAMPLINGS = ("chunks", "steps")  # see buffer.Buffer.minibatches
-MEMORY_TYPES = ("trxl", "gru", "lstm", "none")
-POSITIONAL_ENCODINGS = ("", "relative", "learned", "rotary", "alibi")  # see transformer.py  # see memory.make_memory
+MEMORY_TYPES = ("trxl", "gru", "lstm", "none")  # see memories.make_memory
+POSITIONAL_ENCODINGS = ("", "relative", "learned", "rotary", "alibi")  # see transformer.py
 
 # key: (type, default, check, meaning). A default of REQUIRED means the key must be given.
 REQUIRED = object()

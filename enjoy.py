@@ -34,14 +34,14 @@ import numpy as np
 import torch
 
 import observations
-from action_spec import ActionSpec
 from checkpoint import load_model
 from cli import ROOT, no_display_reason, parse_args, shipped_path
 from config import Config, ConfigError, apply_overrides, load_config, parse_overrides
 from environments import create_env, validate_env_config
+from environments.action_spec import ActionSpec
 from evaluation import evaluate, format_summary, random_play, summarize
-from figures import attention_frame
 from model import ActorCriticModel
+from summaries import attention_frame
 
 DEFAULT_MODEL = "models/run.nn"  # the --model default of the usage text: train.py's default --run-id
 VIDEO_EXTENSIONS = (".mp4", ".mkv", ".mov", ".avi", ".webm")  # what imageio writes through its ffmpeg plugin

@@ -10,7 +10,7 @@ observation of the finished episode is kept in ``StepResult.final_obs`` (needed 
 Seeding: environment i starts its k-th episode (k = 0 at the first reset, counting on through every autoreset and every
 further ``reset()``) with ``reset(seed=episode_seed(seed, i, k))``. The group does not count episodes itself: it asks
 its recorder (see ``Recorder``) for each environment's next episode number and tells it every episode start and every
-action, so that the recorder holds all that restoring an environment needs (see replay.py) while this module stays
+action, so that the recorder holds all that restoring an environment needs (see environments/replay.py) while this module stays
 free of the state format.
 """
 

@@ -5,23 +5,28 @@ evaluation sees exactly the memory the agent was trained with. Seeds: episode k 
 ``episode_seed(seed, 0, k, evaluation=True)``, which is odd, while training episodes get even seeds (worker.py); Memory
 Gym in addition draws evaluation episodes from task seeds outside its training range (start-seed .. start-seed +
 num-seeds).
+
+The statistics at the end of this module follow rliable (Agarwal et al., 2021, "Deep Reinforcement Learning at the
+Edge of the Statistical Precipice"): the interquartile mean (IQM) is the mean of the middle 50% of the values, and its
+uncertainty comes from resampling the values (episodes here, whole runs in lab/aggregation.py) with replacement,
+separately within each stratum. Every resampling is seeded, so the same values give the same interval; a NaN stands
+for "no value" and is left out, not counted as a number.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 
 import observations
-from action_spec import ActionSpec
-from aggregation import bootstrap_ci, interquartile_mean, mean
 from config import Config
 from env_group import lanes_of, reset_lanes, step_lanes
 from environments import create_env
-from figures import attention_frame
+from environments.action_spec import ActionSpec
 from model import ActorCriticModel
+from summaries import attention_frame
 from worker import episode_seed
 
 # Steps after which an evaluation episode ends, whatever the task: Atari's usual cap (108,000 frames at frame skip 4).
@@ -113,8 +118,8 @@ def metric_means(results: list[dict[str, float]]) -> dict[str, float]:
 
 
 def record_episode(model: ActorCriticModel, config: Config, device: torch.device, seed: int = 0) -> list[np.ndarray]:
-    """Frames of the first evaluation episode of ``seed``, with the attention strips (figures.py) for the transformer
-    memory."""
+    """Frames of the first evaluation episode of ``seed``, with the attention strips (summaries.attention_frame) for
+    the transformer memory."""
     frames = []
     length = config.transformer.memory_length
     attention = config.memory == "trxl"
@@ -175,3 +180,117 @@ def format_summary(summary: dict[str, dict[str, float]]) -> str:
     for key, s in summary.items():
         lines.append(f"{key:<22}{s['mean']:10.3f}{s['iqm']:10.3f}   [{s['ci_low']:.3f}, {s['ci_high']:.3f}]")
     return "\n".join(lines)
+
+
+# Statistics of the evaluation summaries (and of the lab's aggregation over runs, lab/aggregation.py).
+
+RESAMPLES = 2000  # bootstrap resamples: enough for stable 2.5% / 97.5% percentiles
+CONFIDENCE = 0.95
+CHUNK_ELEMENTS = 4_000_000  # resampled values held at once: bounds the memory of long curves with many resamples
+
+# statistic(values, axis) -> values reduced along axis, like np.mean; ``iqm`` and ``mean`` below fit
+Statistic = Callable[..., np.ndarray]
+
+
+def iqm(values: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Interquartile mean along ``axis``, NaNs left out: the mean of the values left after cutting ``n // 4`` of the n
+    values from each end (scipy's ``trim_mean(values, 0.25)``, as rliable uses). Fewer than four values: their mean.
+    NaN where no value is left."""
+    values = np.moveaxis(np.asarray(values, dtype=np.float64), axis, -1)
+    ordered = np.sort(values, axis=-1)  # NaNs sort to the end, after every number
+    count = np.sum(~np.isnan(values), axis=-1)
+    cut = count // 4
+    position = np.arange(values.shape[-1])
+    keep = (position >= cut[..., None]) & (position < (count - cut)[..., None])
+    total = np.where(keep, ordered, 0.0).sum(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):  # 0 / 0 is the NaN that says "no value"
+        return total / keep.sum(axis=-1)
+
+
+def mean(values: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Mean along ``axis``, NaNs left out; NaN where there is no value (np.nanmean without its warning)."""
+    values = np.asarray(values, dtype=np.float64)
+    present = ~np.isnan(values)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(present, values, 0.0).sum(axis=axis) / present.sum(axis=axis)
+
+
+def interquartile_mean(values: Sequence[float] | np.ndarray) -> float:
+    """Mean of the middle 50% of the values (the IQM recommended by Agarwal et al., 2021), as a float."""
+    return float(iqm(np.ravel(np.asarray(values, dtype=np.float64))))
+
+
+def resample_indices(
+    runs: int, resamples: int, strata: Sequence[object] | None = None, rng: np.random.Generator | None = None
+) -> np.ndarray:
+    """Indices of a stratified bootstrap, shape (resamples, runs): row r is the r-th resample of the runs.
+
+    Each stratum (runs with the same label in ``strata``; None: one stratum of all runs) is resampled with replacement
+    within itself, so every resample keeps as many runs of each task as the data has.
+    """
+    rng = rng if rng is not None else np.random.default_rng(0)
+    labels = np.zeros(runs, dtype=np.int64) if strata is None else np.unique(np.asarray(strata), return_inverse=True)[1]
+    if len(labels) != runs:
+        raise ValueError(f"strata has {len(labels)} labels for {runs} runs")
+    indices = np.empty((resamples, runs), dtype=np.int64)
+    for label in np.unique(labels):
+        members = np.flatnonzero(labels == label)
+        indices[:, members] = members[rng.integers(0, len(members), size=(resamples, len(members)))]
+    return indices
+
+
+def bootstrap_distribution(
+    values: np.ndarray,
+    statistic: Statistic = iqm,
+    resamples: int = RESAMPLES,
+    strata: Sequence[object] | None = None,
+    seed: int = 0,
+) -> np.ndarray:
+    """The statistic of each bootstrap resample of the runs: ``values`` has the runs along its first axis (M, ...);
+    the result has shape (resamples, ...)."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.ndim == 0 or len(values) == 0:
+        raise ValueError("the bootstrap needs at least one run")
+    # All indices are drawn first, so the result does not depend on the chunking below.
+    indices = resample_indices(len(values), resamples, strata, np.random.default_rng(seed))
+    chunk = max(1, CHUNK_ELEMENTS // values.size)
+    parts = [statistic(values[indices[start : start + chunk]], axis=1) for start in range(0, resamples, chunk)]
+    return np.concatenate(parts, axis=0)
+
+
+def percentile_interval(distribution: np.ndarray, confidence: float = CONFIDENCE) -> tuple[np.ndarray, np.ndarray]:
+    """The central ``confidence`` interval of a bootstrap distribution along its first axis (low, high); resamples
+    whose statistic is NaN (they drew only runs without a value) are left out."""
+    tail = 100 * (1 - confidence) / 2
+    distribution = np.asarray(distribution, dtype=np.float64)
+    low, high = np.full(distribution.shape[1:], np.nan), np.full(distribution.shape[1:], np.nan)
+    present = ~np.all(np.isnan(distribution), axis=0)  # nanpercentile warns on all-NaN columns: leave them NaN
+    if np.any(present):
+        low[present], high[present] = np.nanpercentile(distribution[:, present], [tail, 100 - tail], axis=0)
+    return low, high
+
+
+def bootstrap_ci(
+    values: Sequence[float] | np.ndarray,
+    statistic: Statistic = iqm,
+    resamples: int = RESAMPLES,
+    confidence: float = CONFIDENCE,
+    strata: Sequence[object] | None = None,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """Percentile-bootstrap confidence interval of ``statistic`` over the runs ``values`` (one value per run).
+
+    Args:
+        values: one value per run.
+        statistic: reduces an array along ``axis`` (``iqm``, ``mean``, np.median, ...).
+        resamples: number of bootstrap resamples.
+        confidence: coverage of the interval (0.95: from the 2.5th to the 97.5th percentile).
+        strata: a task label per run: runs are resampled within their task (None: all runs are one task).
+        seed: seed of the resampling.
+
+    Returns:
+        (low, high).
+    """
+    distribution = bootstrap_distribution(np.ravel(np.asarray(values, dtype=np.float64)), statistic, resamples, strata, seed)
+    low, high = percentile_interval(distribution[:, None], confidence)
+    return float(low[0]), float(high[0])

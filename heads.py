@@ -16,8 +16,8 @@ import torch
 from torch import nn
 from torch.distributions import Categorical
 
-from action_spec import ActionSpec
 from distributed import Rows
+from environments.action_spec import ActionSpec
 
 
 def noise(

@@ -4,8 +4,8 @@ Shapes (legend as in buffer.py): N workers, B chunks, C steps per chunk, A actio
 steps for minibatches of single steps.
 
 - encoders.py: one observation becomes one token (images: the reference's CNN; vectors: a linear layer);
-- memory.py: the memory interface; trxl_memory.py the episodic TrXL/GTrXL memory, recurrent_memory.py GRU, LSTM and
-  no memory (the config's ``memory``);
+- memories/: the memory interface (memories/base.py); memories/trxl.py the episodic TrXL/GTrXL memory,
+  memories/recurrent.py GRU, LSTM and no memory, chosen by the config's ``memory`` (memories/__init__.py);
 - heads.py: the action distribution chosen from the action space, and the value head.
 
 The model has the entry points the memory has: ``step`` for one step per worker (rollouts, evaluation), ``forward``
@@ -22,11 +22,12 @@ import torch
 from torch import nn
 
 import observations
-from action_spec import ActionSpec
 from config import Config
 from encoders import make_decoder, make_encoder
+from environments.action_spec import ActionSpec
 from heads import DiagonalGaussian, MultiCategorical, ValueHead, make_policy_head
-from memory import MemoryOutput, MemoryState, make_memory, memory_input_dim
+from memories import make_memory, memory_input_dim
+from memories.base import MemoryOutput, MemoryState
 from normalization import VectorNormalizers
 
 
@@ -56,7 +57,7 @@ class ActorCriticModel(nn.Module):
             config: the training config (uses ``memory`` and its section, ``memory_dtype`` and ``hidden_layer_size``).
             observation_shape: (C, H, W) images with values in [0, 1], (F,) vectors, or a dict of them by key.
             actions: the action space (``heads.ActionSpec``), or the number of actions of each action dimension.
-            memory_path: "fast" or "plain" (see trxl_memory.py); the weights are the same either way.
+            memory_path: "fast" or "plain" (see memories/trxl.py); the weights are the same either way.
         """
         super().__init__()
         self.observation_shape = observations.normalize_shape(observation_shape)
@@ -125,7 +126,7 @@ class ActorCriticModel(nn.Module):
         attention: bool = False,
     ) -> tuple[torch.Tensor, PolicyOutput, list[np.ndarray] | None]:
         """One step of every worker by the memory's per-step protocol, written here only (rollouts, evaluation,
-        benchmark.py and the tests call it): the policy and value of the current step, observations (N, *obs_shape),
+        lab/benchmark.py and the tests call it): the policy and value of the current step, observations (N, *obs_shape),
         with each worker's memory; the actions (N, A) ``choose(policy)`` takes; then the step remembered
         (``memory.commit``). What follows the environments' answer, ``state.end_episodes(done)``, is the caller's.
 

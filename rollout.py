@@ -21,7 +21,7 @@ import torch
 import observations
 from buffer import Buffer
 from distributed import SINGLE, Ranks, Rows
-from memory import MemoryState
+from memories.base import MemoryState
 from model import ActorCriticModel
 from normalization import RewardScaler
 from worker import StepResult, Workers

@@ -31,7 +31,6 @@ import tempfile
 import torch
 
 import distributed
-from action_spec import ActionSpec
 from checkpoint import load_file, saved_actions
 from cli import ROOT, parse_args, shipped_path
 from config import (
@@ -45,6 +44,7 @@ from config import (
     with_saved_defaults,
 )
 from distributed import SINGLE, Ranks
+from environments.action_spec import ActionSpec
 from observations import normalize_shape, shape_of
 from trainer import PPOTrainer, TrainingStopped, check_memory_path
 from worker import WorkerError, usable_cores

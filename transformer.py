@@ -5,7 +5,7 @@ K blocks, D embed dim, H heads, d = D / H head width.
 
 The current step is one token per query. Block i attends from that token (the query) to block i's memory:
 the inputs block i received at earlier steps of the same episode. Which slots hold which steps, and which of them a
-query sees, is the memory layout's business (trxl_memory.py); here every path (rollout with a K/V cache, training on
+query sees, is the memory layout's business (memories/trxl.py); here every path (rollout with a K/V cache, training on
 sequence chunks, the plain per-window specification) goes through the same two calls per block:
 
     k, v = transformer.project_block(i, memory_i, positions)   # memory tokens -> keys/values, (B, H, S, d)

@@ -6,7 +6,7 @@ This module only carries commands and answers between ``Workers`` and the groups
 lives in env_group.py: building the environments, same-step autoreset (``StepResult.obs`` already holds the first
 observation of the next episode, ``StepResult.final_obs`` the last one of the episode that ended) and seeding (episode k
 of environment i is reset with ``episode_seed(seed, i, k)``). What ``Workers.state()`` returns and how
-``Workers.restore()`` rebuilds the environments from it by replaying their episodes lives in replay.py.
+``Workers.restore()`` rebuilds the environments from it by replaying their episodes lives in environments/replay.py.
 
 With ``n_processes >= 1`` the environments are split into contiguous groups, one subprocess each. A child sends back
 either its results or the traceback of the exception it hit; the parent polls each pipe with a timeout and checks that
@@ -27,10 +27,10 @@ import gymnasium
 import numpy as np
 
 import observations
-from action_spec import ActionSpec
 from env_group import EnvGroup, StepResult, WorkerError, episode_seed, is_int
 from environments import agents_per_env, validate_env_config
-from replay import EpisodeRecorder, check_states, restore
+from environments.action_spec import ActionSpec
+from environments.replay import EpisodeRecorder, check_states, restore
 
 # Re-exported: callers (trainer.py, evaluation.py, ...) import all four from here, as before the split into modules.
 __all__ = ["StepResult", "WorkerError", "Workers", "episode_seed"]

@@ -31,7 +31,7 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
-from action_spec import ActionSpec
+from environments.action_spec import ActionSpec
 from environments.registry import REQUIRED, EnvFamily, Key, import_failure, invalid
 
 SUPPORTED = (

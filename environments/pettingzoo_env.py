@@ -39,7 +39,7 @@ from typing import NamedTuple
 import numpy as np
 from gymnasium import spaces
 
-from action_spec import ActionSpec
+from environments.action_spec import ActionSpec
 from environments.gymnasium_env import (
     SUPPORTED,
     _convert,

@@ -1,4 +1,5 @@
-"""The statistics over runs (aggregation.py) against values computed by hand."""
+"""The statistics over runs (lab/aggregation.py, and the IQM and bootstrap of evaluation.py it builds on) against values
+computed by hand."""
 
 from __future__ import annotations
 
@@ -6,18 +7,8 @@ import numpy as np
 import pytest
 
 import evaluation
-from aggregation import (
-    bootstrap_ci,
-    falls_after_reaching,
-    interquartile_mean,
-    iqm,
-    iqm_curve,
-    mean,
-    resample_indices,
-    steps_to_threshold,
-    summarize_runs,
-    summarize_steps,
-)
+from evaluation import bootstrap_ci, interquartile_mean, iqm, mean, resample_indices
+from lab.aggregation import falls_after_reaching, iqm_curve, steps_to_threshold, summarize_runs, summarize_steps
 
 NAN = float("nan")
 
@@ -35,7 +26,7 @@ NAN = float("nan")
 )
 def test_interquartile_mean_by_hand(values: list[float], expected: float) -> None:
     assert interquartile_mean(values) == pytest.approx(expected)
-    assert evaluation.interquartile_mean(np.array(values)) == pytest.approx(expected)  # evaluation.py still has it
+    assert interquartile_mean(np.array(values)) == pytest.approx(expected)  # an array as well as a list
 
 
 def test_iqm_leaves_out_nans_and_works_along_an_axis() -> None:
@@ -109,11 +100,9 @@ def test_iqm_curve_shapes_and_a_point_by_hand() -> None:
 
 
 def test_iqm_curve_does_not_depend_on_the_chunking(monkeypatch: pytest.MonkeyPatch) -> None:
-    import aggregation
-
     curves = np.random.default_rng(0).random((5, 30))
     whole = iqm_curve(curves, resamples=300)
-    monkeypatch.setattr(aggregation, "CHUNK_ELEMENTS", 1000)  # 6 resamples at a time
+    monkeypatch.setattr(evaluation, "CHUNK_ELEMENTS", 1000)  # 6 resamples at a time
     for a, b in zip(iqm_curve(curves, resamples=300), whole, strict=True):
         np.testing.assert_array_equal(a, b)
 

@@ -1,4 +1,4 @@
-"""benchmark.py stops its measuring children when it is stopped itself."""
+"""lab/benchmark.py stops its measuring children when it is stopped itself."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from cli import module_environment
 
 
 def children_of(pid: int) -> list[int]:
@@ -37,9 +37,11 @@ def alive(pid: int) -> bool:
 
 
 def test_sigterm_stops_the_measuring_child(tmp_path: str) -> None:
-    command = [sys.executable, os.path.join(ROOT, "benchmark.py"), "--config=configs/poc_memory_env.yaml", "--paths=fast"]
+    command = [sys.executable, "-m", "lab.benchmark", "--config=configs/poc_memory_env.yaml", "--paths=fast"]
     command += ["--updates=100000", "--cpu"]
-    benchmark = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    benchmark = subprocess.Popen(
+        command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=module_environment()
+    )
     deadline, children = time.time() + 120, []
     while not children and time.time() < deadline and benchmark.poll() is None:
         time.sleep(0.5)
@@ -61,7 +63,7 @@ def test_scaling_asks_for_no_more_processes_than_gpus(monkeypatch: pytest.Monkey
     # NCCL takes one GPU per process: on a one-GPU machine --processes 1,2 stops before training, and names the fix.
     import torch
 
-    import benchmark
+    from lab import benchmark
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)

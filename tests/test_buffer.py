@@ -8,8 +8,8 @@ from conftest import small_config
 
 from buffer import Buffer
 from encoders import dequantize_images, quantize_images
+from memories.trxl import TrXLContext
 from model import ActorCriticModel
-from trxl_memory import TrXLContext
 
 
 def test_images_of_255_levels_round_trip_exactly() -> None:

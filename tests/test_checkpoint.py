@@ -66,8 +66,8 @@ def test_atomic_save_keeps_the_old_file_when_writing_fails(tmp_path: str) -> Non
 def test_a_model_saved_before_query_position_loads_without_it(tmp_path: str) -> None:
     # query_position came with default true; a model saved before it was trained without it and must stay so.
     from checkpoint import load_model, save_model
+    from lab.seeds import config_changes
     from model import ActorCriticModel
-    from seeds import config_changes
 
     config = small_config({"positional_encoding": "relative", "query_position": False})
     model = ActorCriticModel(config, (3,), [3])
@@ -84,7 +84,7 @@ def test_a_model_saved_before_query_position_loads_without_it(tmp_path: str) -> 
 def test_an_episode_too_long_to_replay_restarts_on_resume(tmp_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # The state of an Endless task must not grow with its episode: beyond the bound the episode is not recorded, and a
     # resume starts that environment's next episode, with a fresh memory for its lanes.
-    import replay
+    from environments import replay
 
     monkeypatch.setattr(replay, "MAX_REPLAY_ACTIONS", 3)
     from conftest import train_small

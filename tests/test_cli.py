@@ -18,11 +18,11 @@ import pytest
 import torch
 from conftest import small_config
 
-import benchmark
 import cli
 import enjoy
 import train
 from checkpoint import load_file
+from lab import benchmark
 from trainer import PPOTrainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -412,7 +412,7 @@ def test_tiny_run_from_another_folder_end_to_end(
 def test_gitignore_ignores_virtual_environments_and_scratch_output() -> None:
     lines = [line.strip() for line in open(os.path.join(ROOT, ".gitignore"))]
     assert ".venv/" in lines
-    # plot.py's default figure and enjoy.py --record=out.gif in the repository root leave git status clean; figures
+    # lab/plot.py's default figure and enjoy.py --record=out.gif in the repository root leave git status clean; figures
     # under results/ (committed with their experiments) do not.
     if not os.path.isdir(os.path.join(ROOT, ".git")):
         pytest.skip("not a git checkout")
@@ -456,8 +456,8 @@ def test_random_play_refuses_what_it_cannot_use(argv: list[str], message: str, c
 
 
 def test_help_hides_internal_flags(capsys: pytest.CaptureFixture) -> None:
-    import benchmark
     from cli import parse_args
+    from lab import benchmark
 
     with pytest.raises(SystemExit) as exit_code:
         parse_args(benchmark.__doc__, ["--help"])
@@ -469,7 +469,7 @@ def test_help_hides_internal_flags(capsys: pytest.CaptureFixture) -> None:
 
 
 def test_help_into_a_closed_pipe_exits_quietly() -> None:
-    # `python panel.py --help | head -3`: the reader closes the pipe before the usage text is written.
+    # `python -m lab.panel --help | head -3`: the reader closes the pipe before the usage text is written.
     script = "import cli; cli.parse_args('Usage:\\n  tool.py [--flag]\\n\\nOptions:\\n  --flag  A flag.\\n', ['--help'])"
     child = subprocess.Popen(
         [sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

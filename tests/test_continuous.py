@@ -17,9 +17,9 @@ from conftest import (
     small_config,
 )
 
-from action_spec import ActionSpec
 from buffer import Buffer
 from env_group import step_lanes, to_env_action
+from environments.action_spec import ActionSpec
 from heads import DiagonalGaussian, make_policy_head
 from model import ActorCriticModel
 from trainer import PPOTrainer

@@ -63,11 +63,11 @@ def test_every_environment_type_and_key_is_documented() -> None:
     [
         ("train.py", "docs/training.md"),
         ("enjoy.py", "docs/evaluation.md"),
-        ("benchmark.py", "docs/benchmark.md"),
-        ("experiment.py", "docs/experiments.md"),
-        ("plot.py", "docs/experiments.md"),
-        ("panel.py", "docs/experiments.md"),
-        ("tune.py", "docs/tuning.md"),
+        ("lab/benchmark.py", "docs/benchmark.md"),
+        ("lab/experiment.py", "docs/experiments.md"),
+        ("lab/plot.py", "docs/experiments.md"),
+        ("lab/panel.py", "docs/experiments.md"),
+        ("lab/tune.py", "docs/tuning.md"),
     ],
 )
 def test_every_flag_is_documented(script: str, page: str) -> None:
@@ -81,7 +81,7 @@ def test_every_flag_is_documented(script: str, page: str) -> None:
 
 def test_every_mentioned_file_exists() -> None:
     docs = "".join(read(path) for path in [README_PATH, *DOC_PATHS])
-    mentioned = set(re.findall(r"`((?:configs|docs|tests|environments)/[\w./-]+|[\w-]+\.(?:py|txt|yaml))`", docs))
+    mentioned = set(re.findall(r"`((?:configs|docs|tests|environments|lab|memories)/[\w./-]+|[\w-]+\.(?:py|txt|yaml))`", docs))
     assert len(mentioned) > 10
     for path in mentioned:
         candidates = [os.path.join(ROOT, path), os.path.join(ROOT, "docs", path)]

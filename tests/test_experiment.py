@@ -1,8 +1,9 @@
-"""experiment.py and plot.py end to end on a tiny config: results written, finished seeds skipped, unfinished seeds
+"""lab/experiment.py and lab/plot.py end to end on a tiny config: results written, finished seeds skipped, unfinished seeds
 resumed, failing seeds reported. Every train.py here takes a few seconds."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -16,11 +17,9 @@ import yaml
 
 import checkpoint
 import evaluation
-import experiment
-import experiment_report
-import plot
-import seeds
 from checkpoint import load_file
+from cli import module_environment
+from lab import experiment, experiment_report, plot, seeds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UPDATES = 8  # enough updates left after the first for a SIGINT to land before the run ends
@@ -41,10 +40,10 @@ EXPERIMENT = "tiny"
 
 
 def run_experiment(folder: str, seeds: str, timeout: float = 120, flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    """experiment.py on the tiny config in ``folder``, two seeds at a time, evaluated on 3 episodes."""
-    command = [sys.executable, os.path.join(ROOT, "experiment.py"), f"--config={CONFIG}", f"--seeds={seeds}", *flags]
+    """lab/experiment.py on the tiny config in ``folder``, two seeds at a time, evaluated on 3 episodes."""
+    command = [sys.executable, "-m", "lab.experiment", f"--config={CONFIG}", f"--seeds={seeds}", *flags]
     command += [f"--run-id={EXPERIMENT}", "--jobs=2", "--eval-episodes=3", "--cpu", *[f"--set={s}" for s in SETS]]
-    return subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=timeout, env=module_environment())
 
 
 def last_json(result: subprocess.CompletedProcess) -> dict:
@@ -89,7 +88,7 @@ def test_experiment_writes_summary_plot_and_a_json_line(tiny_experiment: tuple[s
     with open(os.path.join(folder, "results", EXPERIMENT, "summary.json")) as file:
         summary = json.load(file)
     assert summary["seeds"] == [0, 1] and summary["overrides"] == SETS and summary["eval_episodes"] == 3
-    assert summary["failures"] == [] and "experiment.py" in summary["command"]
+    assert summary["failures"] == [] and "-m lab.experiment" in summary["command"]
     curves = summary["curves"]
     steps_per_update = 2 * 16
     assert curves["tag"] == "episode/success_mean"
@@ -166,12 +165,18 @@ def test_records_let_a_folder_without_models_and_summaries_skip_finished_seeds(
 @pytest.mark.parametrize("inherited", ["default", "ignored"])
 def test_an_interrupted_experiment_keeps_the_seeds_it_finished(copy: str, inherited: str) -> None:
     """Seed 3 is evaluated and recorded as soon as it finishes, before seed 4 (trained after it) is interrupted; also
-    when experiment.py started with SIGINT ignored, as a background job of a script starts it."""
-    command = [sys.executable, os.path.join(ROOT, "experiment.py"), f"--config={CONFIG}", "--seeds=3-4", "--cpu"]
+    when lab/experiment.py started with SIGINT ignored, as a background job of a script starts it."""
+    command = [sys.executable, "-m", "lab.experiment", f"--config={CONFIG}", "--seeds=3-4", "--cpu"]
     command += [f"--run-id={EXPERIMENT}", "--jobs=1", "--eval-episodes=3", *[f"--set={s}" for s in SETS]]
     setup = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if inherited == "ignored" else None
     process = subprocess.Popen(
-        command, cwd=copy, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=setup
+        command,
+        cwd=copy,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=setup,
+        env=module_environment(),
     )
     lines = []
     try:
@@ -192,9 +197,9 @@ def test_an_interrupted_experiment_keeps_the_seeds_it_finished(copy: str, inheri
 
 def test_a_record_of_another_config_is_refused(copy: str) -> None:
     shutil.rmtree(os.path.join(copy, "models"))
-    command = [sys.executable, os.path.join(ROOT, "experiment.py"), f"--config={CONFIG}", "--seeds=0", "--cpu"]
+    command = [sys.executable, "-m", "lab.experiment", f"--config={CONFIG}", "--seeds=0", "--cpu"]
     command += [f"--run-id={EXPERIMENT}", *[f"--set={s}" for s in SETS], "--set=gamma=0.9"]
-    result = subprocess.run(command, cwd=copy, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(command, cwd=copy, capture_output=True, text=True, timeout=60, env=module_environment())
     assert result.returncode == 1
     assert f"seed 0: cannot run: its record results/{EXPERIMENT}/seed-0.json was trained with another config" in result.stdout
     assert "gamma 0.99 -> 0.9" in result.stdout
@@ -205,7 +210,7 @@ def test_an_unfinished_seed_is_resumed_not_restarted(copy: str) -> None:
     seeds 0-2 skips 0 and 1 and continues seed 2 from its checkpoint."""
     command = [sys.executable, os.path.join(ROOT, "train.py"), "--cpu", f"--config={CONFIG}", f"--run-id={EXPERIMENT}/seed-2"]
     command += ["--seed=2", *[f"--set={s}" for s in SETS]]
-    env = dict(os.environ, OMP_NUM_THREADS="1")  # as experiment.py's children: tiny models run slower on more threads
+    env = dict(os.environ, OMP_NUM_THREADS="1")  # as lab/experiment.py's children: tiny models run slower on more threads
     process = subprocess.Popen(command, cwd=copy, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         for line in process.stdout:
@@ -257,14 +262,15 @@ def test_plot_overlays_experiments(tiny_experiment: tuple[str, subprocess.Comple
     folder = tiny_experiment[0]
     other = os.path.join(folder, "results", "other")
     shutil.copytree(os.path.join(folder, "results", EXPERIMENT), other, dirs_exist_ok=True)
-    command = [sys.executable, os.path.join(ROOT, "plot.py"), f"results/{EXPERIMENT}", "results/other/summary.json"]
-    result = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=60)
+    command = [sys.executable, "-m", "lab.plot", f"results/{EXPERIMENT}", "results/other/summary.json"]
+    run = functools.partial(subprocess.run, cwd=folder, capture_output=True, text=True, timeout=60, env=module_environment())
+    result = run(command)
     assert result.returncode == 0, result.stderr
     assert os.path.getsize(os.path.join(folder, "plots", "compare.png")) > 1000  # scratch output, git-ignored
     out = os.path.join(tmp_path, "figure.svg")
-    result = subprocess.run([*command, f"--out={out}", "--title=T"], cwd=folder, capture_output=True, text=True, timeout=60)
+    result = run([*command, f"--out={out}", "--title=T"])
     assert result.returncode == 0 and os.path.isfile(out)
-    result = subprocess.run([*command[:2], "results/missing"], cwd=folder, capture_output=True, text=True, timeout=60)
+    result = run([*command[:3], "results/missing"])
     assert result.returncode == 2 and "does not exist" in result.stderr
 
 

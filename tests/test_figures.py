@@ -10,7 +10,7 @@ import torch
 from conftest import small_config
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
-from figures import LABEL_WIDTH, MIN_WIDTH, PADDING_CELL, ROW_HEIGHT, attention_frame, colour
+from summaries import LABEL_WIDTH, MIN_WIDTH, PADDING_CELL, ROW_HEIGHT, attention_frame, colour
 from trainer import PPOTrainer
 
 

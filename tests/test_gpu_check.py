@@ -1,4 +1,4 @@
-"""benchmark.py --gpu-check with --cpu standing in for the device: every check runs and passes here, so that on a GPU
+"""lab/benchmark.py --gpu-check with --cpu standing in for the device: every check runs and passes here, so that on a GPU
 only the device differs; a failing or crashing check fails the whole check."""
 
 from __future__ import annotations
@@ -11,14 +11,13 @@ import sys
 import pytest
 import torch
 
-import gpu_check
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from cli import module_environment
+from lab import gpu_check
 
 
 def test_gpu_check_passes_on_the_cpu(tmp_path: str) -> None:
-    command = [sys.executable, os.path.join(ROOT, "benchmark.py"), "--gpu-check", "--cpu", "--check-sizes=2x16"]
-    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    command = [sys.executable, "-m", "lab.benchmark", "--gpu-check", "--cpu", "--check-sizes=2x16"]
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=900, env=module_environment())
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert summary["device"] == "cpu" and summary["passed"]

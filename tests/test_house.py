@@ -1,6 +1,6 @@
 """The house stays small and each concern stays in one place (issue 31): no class over 200 lines, and the memory's
 per-step protocol (step, choose, commit) written once, in ActorCriticModel.act, which the rollout, evaluation,
-benchmark.py and the tests call."""
+lab/benchmark.py and the tests call."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ MAX_CLASS_LINES = 200
 
 
 def project_modules(with_tests: bool = False) -> list[str]:
-    folders = ["", "environments", *(["tests"] if with_tests else [])]
+    folders = ["", "environments", "memories", "lab", *(["tests"] if with_tests else [])]
     return sorted(path for folder in folders for path in glob.glob(os.path.join(ROOT, folder, "*.py")))
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from conftest import small_config
 
-from trxl_memory import EpisodicLayout, TrXLTrace, band_mask, ring_mask
+from memories.trxl import EpisodicLayout, TrXLTrace, band_mask, ring_mask
 
 
 def table(rows: list[str]) -> torch.Tensor:

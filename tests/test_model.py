@@ -8,10 +8,10 @@ import pytest
 import torch
 from conftest import random_rollout_buffer, small_config
 
+from memories.trxl import TrXLContext, ring_mask
 from model import ActorCriticModel, PolicyOutput
 from ppo import forward_minibatch
 from transformer import LEARNED_POSITIONS, alibi_slopes, rotary_angles, rotate, sinusoidal_encoding
-from trxl_memory import TrXLContext, ring_mask
 
 OPTIONS = list(itertools.product(["", "relative", "learned"], ["", "pre", "post"], [False, True]))
 # The distance-only encodings with each layer norm and both joins, not the whole product: they share everything else.

@@ -1,4 +1,4 @@
-"""panel.py end to end on a tiny panel (one task, two memories, one seed of 2 updates), and panel files answered with
+"""lab/panel.py end to end on a tiny panel (one task, two memories, one seed of 2 updates), and panel files answered with
 clear errors."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import sys
 import pytest
 from conftest import small_config
 
-import panel
+from cli import module_environment
 from config import load_config, parse_overrides
+from lab import panel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = """
@@ -32,8 +33,8 @@ tasks:
 def run_panel(folder: str, text: str, *flags: str, panel_id: str = "tiny") -> subprocess.CompletedProcess:
     with open(os.path.join(folder, "panel.yaml"), "w") as file:
         file.write(text)
-    command = [sys.executable, os.path.join(ROOT, "panel.py"), "--panel=panel.yaml", f"--id={panel_id}", "--cpu", *flags]
-    return subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=300)
+    command = [sys.executable, "-m", "lab.panel", "--panel=panel.yaml", f"--id={panel_id}", "--cpu", *flags]
+    return subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=300, env=module_environment())
 
 
 def test_tiny_panel_end_to_end(tmp_path: str) -> None:

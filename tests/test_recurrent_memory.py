@@ -12,9 +12,9 @@ from conftest import collect_random_rollout, small_config
 
 from buffer import Buffer
 from config import ConfigError
+from memories.recurrent import NoMemory, RecurrentMemory
 from model import ActorCriticModel
 from ppo import forward_minibatch
-from recurrent_memory import NoMemory, RecurrentMemory
 
 N, T, OBS = 3, 12, 4
 KINDS = ["gru", "lstm", "none"]

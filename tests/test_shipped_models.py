@@ -13,7 +13,7 @@ from checkpoint import load_file, load_model
 from cli import ROOT
 from config import load_config
 from evaluation import evaluate
-from seeds import config_changes
+from lab.seeds import config_changes
 
 SHIPPED = sorted(glob.glob(os.path.join(ROOT, "models", "trained", "*.nn")))
 EXPECTED = {"poc_memory_env", "cartpole", "mortar_mayhem_grid_1", "minigrid"}  # the small CPU tasks

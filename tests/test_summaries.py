@@ -9,7 +9,7 @@ import os
 from conftest import train_small
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
-from seeds import read_scalars
+from lab.seeds import read_scalars
 
 
 def test_summaries_hold_spread_values_time_and_hparams(tmp_path: str) -> None:

@@ -1,5 +1,5 @@
 """The README's results table and the tables of docs/results.md are what results/tables.yaml and the summaries it
-names give (python plot.py --tables)."""
+names give (python -m lab.plot --tables)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import os
 import pytest
 import yaml
 
-import tables
+from lab import tables
 
 
 def test_readme_table_matches_the_results() -> None:
     with open(tables.README) as file:
         text = file.read()
-    assert tables.replace_table(text, tables.readme_table()) == text, "run python plot.py --tables and commit the README"
+    assert tables.replace_table(text, tables.readme_table()) == text, "run python -m lab.plot --tables and commit the README"
 
 
 def test_results_page_tables_match_the_results() -> None:
@@ -27,7 +27,7 @@ def test_results_page_tables_match_the_results() -> None:
     page = tables.page_tables(spec)
     assert len(page) >= 5
     for begin, end, table in page:
-        assert tables.replace_table(text, table, begin, end) == text, f"{begin}: run python plot.py --tables and commit"
+        assert tables.replace_table(text, table, begin, end) == text, f"{begin}: run python -m lab.plot --tables and commit"
 
 
 def test_writing_the_tables_fills_their_markers(tmp_path: str) -> None:
@@ -60,7 +60,7 @@ def test_a_changed_summary_changes_the_table(tmp_path: str, monkeypatch: pytest.
     loaded = tables.load_experiment("mmg1-gru")
     changed = ({**loaded[0], "final": {**loaded[0]["final"], "iqm": 0.5}}, loaded[1])
     monkeypatch.setattr(tables, "load_experiment", lambda experiment: changed if experiment == "mmg1-gru" else loaded)
-    low, high = (tables.value(loaded[0]["final"][key], "success") for key in ("ci_low", "ci_high"))
+    low, high = (tables.format_value(loaded[0]["final"][key], "success") for key in ("ci_low", "ci_high"))
     assert f"0.50 [{low}, {high}]" in tables.readme_table()
     with pytest.raises(ValueError, match="markers"):
         tables.replace_table("no table here", "")
@@ -107,7 +107,7 @@ def test_the_results_table_counts_the_seeds_that_fell_after_solving(tmp_path: st
 
 
 def test_the_committed_panel_table_is_the_one_the_summaries_give() -> None:
-    import panel
+    from lab import panel
 
     spec = tables.load_spec()
     name, entry = next(iter(spec["panels"].items()))
@@ -115,7 +115,7 @@ def test_the_committed_panel_table_is_the_one_the_summaries_give() -> None:
         fresh = panel.table(panel.pair_rows(panel.load_panel(entry["file"]), entry["id"]), entry["id"])
     with open(os.path.join(tables.ROOT, "results", "panel", entry["id"], "table.md")) as file:
         committed = file.read()
-    assert committed == fresh, "run python plot.py --tables and commit results/panel"
+    assert committed == fresh, "run python -m lab.plot --tables and commit results/panel"
     rows = [line for line in committed.splitlines() if line.startswith("|")]
     assert len(rows) > 2 and rows[0].startswith("| task | memory |")
     on_page = dict((begin, text) for begin, _, text in tables.page_tables(spec))[tables.markers(name)[0]]

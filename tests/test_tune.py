@@ -1,4 +1,4 @@
-"""tune.py: a tiny search end to end, an interrupted study continued, pruning, and search files answered with clear
+"""lab/tune.py: a tiny search end to end, an interrupted study continued, pruning, and search files answered with clear
 errors. Every train.py here takes a few seconds."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import sys
 import optuna
 import pytest
 import yaml
-from docopt import docopt
 
-import tune
+from cli import module_environment, parse_args
 from config import load_config
+from lab import tune
 from summaries import console_line
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,10 +30,10 @@ SEARCH = (
 def run_tune(folder: str, study: str, trials: int, updates: int = 2, search: str = SEARCH) -> subprocess.CompletedProcess:
     with open(os.path.join(folder, "search.yaml"), "w") as file:
         file.write(search)
-    command = [sys.executable, os.path.join(ROOT, "tune.py"), "--config=configs/poc_memory_env.yaml", "--search=search.yaml"]
+    command = [sys.executable, "-m", "lab.tune", "--config=configs/poc_memory_env.yaml", "--search=search.yaml"]
     command += [f"--study={study}", f"--trials={trials}", "--seeds=2", "--cpu", f"--set=updates={updates}"]
     command += [f"--set={s}" for s in SETS]
-    return subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=300)
+    return subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=300, env=module_environment())
 
 
 def test_parse_line_reads_the_console_line() -> None:
@@ -103,7 +103,7 @@ def test_pruning_stops_the_seeds(tmp_path: str, monkeypatch: pytest.MonkeyPatch)
         file.write(SEARCH)
     argv = ["--config=configs/poc_memory_env.yaml", "--search=search.yaml", "--study=pruned", "--seeds=2", "--cpu"]
     argv += ["--set=updates=400", *[f"--set={s}" for s in SETS]]  # long enough that the stop lands before the end
-    args = docopt(tune.__doc__, argv)
+    args = parse_args(tune.__doc__, argv)
     base = tune.apply_overrides(
         tune.read_yaml(tune.config_path(args["--config"]), "config"), tune.parse_overrides(args["--set"])
     )
@@ -143,7 +143,7 @@ def test_shipped_search_files_fit_the_config_they_name(name: str) -> None:
     that command's --config."""
     path = os.path.join(ROOT, "configs", "search", name)
     with open(path) as file:
-        command = next(line for line in file if "python tune.py" in line)
+        command = next(line for line in file if "python -m lab.tune" in line)
     config = command.split("--config ")[1].split()[0]
     with open(os.path.join(ROOT, config)) as file:
         base = yaml.safe_load(file)
@@ -169,7 +169,7 @@ def test_base_values_are_the_configs_own_or_none_outside_the_space() -> None:
     "flags,warmup", [([], 0.25), (["--objective=final"], 1.0), (["--objective=final", "--warmup=0.5"], 0.5)]
 )
 def test_warmup_defaults_to_no_pruning_for_the_final_objective(flags: list[str], warmup: float) -> None:
-    args = docopt(tune.__doc__, ["--config=configs/poc_memory_env.yaml", "--search=s.yaml", "--study=w", *flags])
+    args = parse_args(tune.__doc__, ["--config=configs/poc_memory_env.yaml", "--search=s.yaml", "--study=w", *flags])
     base = tune.read_yaml(tune.config_path(args["--config"]), "config")
     assert tune.Study(args, base, {}, tune.config_path(args["--config"])).warmup == warmup
 

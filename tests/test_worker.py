@@ -1,4 +1,4 @@
-"""Tests of worker.py, env_group.py and replay.py: in-process vs subprocess stepping, same-step autoreset, failure
+"""Tests of worker.py, env_group.py and environments/replay.py: in-process vs subprocess stepping, same-step autoreset, failure
 reporting, seeding, restore, and the group's recorder and the replay on their own."""
 
 import os
@@ -19,7 +19,7 @@ import torch  # noqa: E402
 
 from env_group import EnvGroup  # noqa: E402
 from environments import create_env  # noqa: E402
-from replay import EpisodeRecorder, check_states, replay_episode, restore  # noqa: E402
+from environments.replay import EpisodeRecorder, check_states, replay_episode, restore  # noqa: E402
 from worker import StepResult, WorkerError, Workers, environment_processes, episode_seed  # noqa: E402
 
 POC = {"type": "PocMemoryEnv"}

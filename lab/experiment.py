@@ -2,8 +2,8 @@
 the IQM over the seeds with a 95% stratified-bootstrap confidence interval (rliable), per update and at the end.
 
 Usage:
-  experiment.py [options] [--set=<key=value>]...
-  experiment.py (-h | --help)
+  python -m lab.experiment [options] [--set=<key=value>]...
+  python -m lab.experiment (-h | --help)
 
 Options:
   --config=<path>       YAML config of every seed's run (required).
@@ -39,9 +39,8 @@ import torch
 
 from cli import parse_args
 from config import ConfigError, load_config, parse_overrides
-from experiment_report import SUCCESS_THRESHOLD, aggregate, print_report
-from plot import experiment_figure
-from seeds import EVALUATION_SEED, RESULTS_DIR, Evaluation, Seed, plan, run_seeds, say, settle
+from lab.experiment_report import SUCCESS_THRESHOLD, aggregate, experiment_figure, print_report
+from lab.seeds import EVALUATION_SEED, RESULTS_DIR, Evaluation, Seed, plan, run_seeds, say, settle
 from train import config_path
 
 
@@ -82,14 +81,14 @@ def check_run_id(run_id: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run experiment.py with the command-line arguments ``argv`` (default: sys.argv[1:]); returns the exit code."""
+    """``python -m lab.experiment`` with the command-line arguments ``argv`` (default: sys.argv[1:]); returns the exit code."""
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(__doc__, argv)
     # Required flags are checked here rather than in the usage pattern, so that a missing one is named.
     missing = [flag for flag in ("--config", "--seeds", "--run-id") if args[flag] is None]
     if missing:
         print(
-            f"error: {', '.join(missing)} missing: python experiment.py --config=<path> --seeds=0-4 --run-id=<id> "
+            f"error: {', '.join(missing)} missing: python -m lab.experiment --config=<path> --seeds=0-4 --run-id=<id> "
             "(--help explains every flag)",
             file=sys.stderr,
         )
@@ -165,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         **aggregate(finished, metric, threshold),
         "failures": failures,
         "plot": os.path.join(results_dir, "curves.png"),
-        "command": shlex.join(["python", "experiment.py", *argv]),
+        "command": shlex.join(["python", "-m", "lab.experiment", *argv]),
     }
     os.makedirs(results_dir, exist_ok=True)
     with open(os.path.join(results_dir, "summary.json"), "w") as file:

@@ -2,8 +2,8 @@
 FLOPs and the share of peak.
 
 Usage:
-  benchmark.py [options] [--set=<key=value>]...
-  benchmark.py (-h | --help)
+  python -m lab.benchmark [options] [--set=<key=value>]...
+  python -m lab.benchmark (-h | --help)
 
 Options:
   --config=<path>          YAML config [default: configs/mortar_mayhem_grid.yaml].
@@ -19,7 +19,7 @@ Options:
   --processes=<list>       Instead: train.py on 1..P processes through torchrun, e.g. 1,2,4 (same config, same
                            n_workers split over the processes, each with cores / P threads): steps/s overall and per
                            process, scaling efficiency against 1 process, peak RSS of the largest process.
-  --gpu-check              Instead: the checks for a GPU machine (gpu_check.py: learning, fast == plain, CPU vs
+  --gpu-check              Instead: the checks for a GPU machine (lab/gpu_check.py: learning, fast == plain, CPU vs
                            device, bfloat16, compile, torchrun) and a steps/s table; with --cpu on the CPU.
   --check-sizes=<list>     Sizes (workers x steps) of --gpu-check's table [default: 8x128,32x512].
   --set=<key=value>        Override a config key (repeatable), as in train.py.
@@ -45,7 +45,6 @@ from __future__ import annotations
 import json
 import os
 import resource
-import shutil
 import signal
 import subprocess
 import sys
@@ -54,100 +53,14 @@ import time
 
 import numpy as np
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 import observations
-from cli import parse_args, shipped_path
+from cli import ROOT, module_environment, parse_args, shipped_path
 from config import MEMORY_TYPES, ConfigError, check_memory_path, load_config, parse_overrides
+from lab.gpu_check import parse_sizes, run_checks
+from lab.measure import measure
 from model import ActorCriticModel
-from ppo import forward_minibatch
-from trainer import PPOTrainer
 from worker import Workers
-
-
-def matmul_peak_gflops(device: torch.device, size: int = 2048, repeats: int = 5) -> float:
-    """Float32 matrix-product GFLOP/s of this machine (best of ``repeats``)."""
-    a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
-    best = float("inf")
-    for _ in range(repeats + 1):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        a @ b
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best / 1e9
-
-
-def count_flops(trainer: PPOTrainer) -> float:
-    """Model MFLOP per environment step: one rollout forward per step, plus epochs x (forward + backward) per sample."""
-    config = trainer.config
-    model, collector = trainer.model, trainer.collector
-    state = model.memory.start(config.n_workers, trainer.device)  # a scratch memory: the run's own stays as it is
-    state.load_state_dict(collector.state.state_dict())
-    model.memory.sync(state)  # the K/V cache is made once per rollout, not per step
-    with FlopCounterMode(display=False) as counter, torch.no_grad():
-        model.act(collector.obs, state, lambda policy: policy.sample())
-    rollout = counter.get_total_flops() / config.n_workers
-    minibatches = trainer.buffer.minibatches(
-        config.n_mini_batch, config.sequence_length, torch.Generator(), config.minibatch_sampling
-    )
-    minibatch = next(minibatches)
-    with FlopCounterMode(display=False) as counter:
-        out = forward_minibatch(model, minibatch)
-        (out.value.sum() + out.policy.log_prob(minibatch.actions).sum()).backward()
-    model.zero_grad(set_to_none=True)
-    # Rows of single steps are padded: the padding's work is part of the cost of the minibatch's real steps.
-    samples = minibatch.obs.shape[0] * minibatch.obs.shape[1] if minibatch.valid is None else int(minibatch.valid.sum())
-    train = counter.get_total_flops() / samples * config.epochs
-    return (rollout + train) / 1e6
-
-
-def measure(config_path: str, overrides: dict, path: str, updates: int, device: torch.device) -> dict:
-    """Time ``updates`` updates of one memory path (after one warm-up update) in this process."""
-    config = load_config(config_path, {**overrides, "eval_interval": 0})
-    folder = tempfile.mkdtemp(prefix="benchmark-")  # the run's model and summaries, removed afterwards
-    trainer = PPOTrainer(config, "benchmark", device, 0, path, models_dir=folder, summaries_dir=folder)
-    try:
-        trainer.rollout()
-        trainer.learner.optimize(trainer.buffer, trainer.update)
-        mflop = count_flops(trainer)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        rollout_s = train_s = 0.0
-        for _ in range(updates):
-            start = time.perf_counter()
-            trainer.rollout()
-            if device.type == "cuda":  # the rollout's last kernels (returns, advantages) count as rollout time
-                torch.cuda.synchronize()
-            middle = time.perf_counter()
-            trainer.learner.optimize(trainer.buffer, trainer.update)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            rollout_s += middle - start
-            train_s += time.perf_counter() - middle
-    finally:
-        trainer.close()
-        shutil.rmtree(folder, ignore_errors=True)
-    steps = updates * config.n_workers * config.worker_steps
-    overall = steps / (rollout_s + train_s)
-    peak = matmul_peak_gflops(device)
-    result = {
-        "rollout_sps": steps / rollout_s,
-        "train_sps": steps / train_s,
-        "overall_sps": overall,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "mflop_per_step": mflop,
-        "peak_fraction": mflop * 1e6 * overall / (peak * 1e9),
-        "matmul_gflops": peak,
-        "memory_length": config.transformer.memory_length,
-        "workers": config.n_workers,
-        "steps": config.worker_steps,
-    }
-    if device.type == "cuda":
-        result["peak_cuda_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
-    return result
 
 
 def long_episode(config_path: str, overrides: dict, steps: int, device: torch.device) -> dict:
@@ -203,10 +116,10 @@ def run_group(command: list[str], **options: object) -> subprocess.CompletedProc
 
 def run_child(args: dict, path: str, overrides: dict) -> dict:
     """Measure one path in a fresh process and return its result."""
-    command = [sys.executable, os.path.abspath(__file__), f"--child={path}", f"--config={args['--config']}"]
+    command = [sys.executable, "-m", "lab.benchmark", f"--child={path}", f"--config={args['--config']}"]
     command += [f"--updates={args['--updates']}"] + (["--cpu"] if args["--cpu"] else [])
     command.append(f"--overrides={json.dumps(overrides)}")
-    result = run_group(command)
+    result = run_group(command, env=module_environment())
     if result.returncode != 0:
         raise RuntimeError(f"measuring the {path} path failed:\n{result.stderr[-4000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -237,7 +150,7 @@ def train_processes(config_path: str, overrides: dict, processes: int, updates: 
     the peak RSS of the largest process."""
     threads = max(1, (os.cpu_count() or 1) // processes)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    train = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
+    train = os.path.join(ROOT, "train.py")
     launcher = [sys.executable]
     if processes > 1:
         launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
@@ -317,8 +230,6 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure(args["--config"], overrides, args["--child"], int(args["--updates"]), device)))
         return 0
     if args["--gpu-check"]:
-        from gpu_check import parse_sizes, run_checks
-
         try:
             sizes = parse_sizes(args["--check-sizes"])
         except ValueError as error:

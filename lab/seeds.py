@@ -1,4 +1,4 @@
-"""Running the seeds of an experiment (experiment.py): what each seed needs (a new run, a resume of its checkpoint, or
+"""Running the seeds of an experiment (lab/experiment.py): what each seed needs (a new run, a resume of its checkpoint, or
 nothing: finished earlier), its train.py as a subprocess with its share of the cores, its progress lines, the stop of
 all of them on an interrupt, and the evaluation of its final model on the experiment's unseen episodes.
 
@@ -279,7 +279,7 @@ def read_output(run: Seed) -> None:
 
 
 def start(run: Seed, arguments: list[str], threads: int) -> None:
-    """Start a seed's train.py in its own process group: a Ctrl-C in the terminal reaches only experiment.py, which
+    """Start a seed's train.py in its own process group: a Ctrl-C in the terminal reaches only lab/experiment.py, which
     passes one SIGINT on (a second one could cut a checkpoint short)."""
     run.started = time.time()
     run.process = subprocess.Popen(

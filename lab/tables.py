@@ -1,6 +1,6 @@
 """Results tables generated from the experiments' summaries, so that a number is written once: the README's results
 table and the named tables of docs/results.md come from results/tables.yaml and each listed experiment's
-results/<id>/summary.json (``python plot.py --tables`` writes them; tests/test_tables.py fails when a committed table
+results/<id>/summary.json (``python -m lab.plot --tables`` writes them; tests/test_tables.py fails when a committed table
 differs from what the JSON gives).
 """
 
@@ -14,12 +14,13 @@ import numpy as np
 import yaml
 
 from cli import ROOT
+from lab import panel
+from lab.experiment_report import format_steps, format_value
 
 SPEC = os.path.join(ROOT, "results", "tables.yaml")
 README = os.path.join(ROOT, "README.md")
 RESULTS = os.path.join(ROOT, "docs", "results.md")
-PANEL_DIR = os.path.join("results", "panel")  # panel.py's, relative to the repository
-BEGIN = "<!-- results table: written by `python plot.py --tables` from results/tables.yaml; do not edit by hand -->"
+BEGIN = "<!-- results table: written by `python -m lab.plot --tables` from results/tables.yaml; do not edit by hand -->"
 END = "<!-- end of the results table -->"
 HEADER = (
     "| task | memory | seeds | final result (IQM [95% CI]) | env steps | CPU minutes per seed |\n|---|---|---|---|---|---|"
@@ -40,24 +41,13 @@ def load_experiment(experiment: str) -> tuple[dict, list[dict]]:
     return summary, records
 
 
-def value(number: float, metric: str) -> str:
-    """A success rate with 2 decimals; a reward with one decimal from 100 on, else 3 (0.594, -0.145, 187.9)."""
-    if metric == "success":
-        return f"{number:.2f}"
-    return f"{number:.1f}" if abs(number) >= 100 else f"{number:.3f}"
-
-
 def result(summary: dict) -> str:
     """ "0.99 [0.97, 1.00]" (one seed: no interval)."""
     final, metric = summary["final"], summary["metric"]
-    shown = value(final["iqm"], metric)
+    shown = format_value(final["iqm"], metric)
     if len(summary["finished_seeds"]) > 1:
-        shown += f" [{value(final['ci_low'], metric)}, {value(final['ci_high'], metric)}]"
+        shown += f" [{format_value(final['ci_low'], metric)}, {format_value(final['ci_high'], metric)}]"
     return shown
-
-
-def steps(count: int) -> str:
-    return f"{count / 1e6:.2f}M" if count >= 1e6 else f"{count / 1e3:.0f}k"
 
 
 def minutes(records: list[dict]) -> str:
@@ -75,7 +65,7 @@ def readme_row(row: dict) -> str:
     env_steps = max(seed["env_steps"] for summary, _ in loaded.values() for seed in summary["per_seed"])
     times = " / ".join(minutes(records) for _, records in loaded.values())
     link = f"[{row['task']}](docs/results.md#{row['section']})"
-    return f"| {link} | {labels} | {seeds} | {results} | {steps(env_steps)} | {times} |"
+    return f"| {link} | {labels} | {seeds} | {results} | {format_steps(env_steps)} | {times} |"
 
 
 def load_spec(spec_path: str = SPEC) -> dict:
@@ -103,7 +93,7 @@ def replace_table(text: str, table: str, begin: str = BEGIN, end: str = END) -> 
 def markers(name: str) -> tuple[str, str]:
     """The lines around the results page's table ``name``."""
     return (
-        f"<!-- table {name}: written by `python plot.py --tables` from results/tables.yaml; do not edit by hand -->",
+        f"<!-- table {name}: written by `python -m lab.plot --tables` from results/tables.yaml; do not edit by hand -->",
         f"<!-- end of table {name} -->",
     )
 
@@ -115,7 +105,8 @@ def reached(summary: dict) -> str:
     if to_threshold["threshold"] is None:
         return "-"
     at = sorted(step for step in to_threshold["per_seed"] if step is not None)
-    return f"{to_threshold['reached']} of {to_threshold['runs']}" + (f": at {', '.join(steps(s) for s in at)}" if at else "")
+    shown = f"{to_threshold['reached']} of {to_threshold['runs']}"
+    return shown + (f": at {', '.join(format_steps(s) for s in at)}" if at else "")
 
 
 def fell(summary: dict) -> str:
@@ -155,11 +146,11 @@ def results_table(name: str, experiments: dict[str, str]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for label, (summary, records) in loaded.items():
-        per_seed = ", ".join(value(final, summary["metric"]) for final in finals_by_seed(summary))
+        per_seed = ", ".join(format_value(final, summary["metric"]) for final in finals_by_seed(summary))
         env_steps = max(seed["env_steps"] for seed in summary["per_seed"])
         lines.append(
             f"| {label} | {len(summary['finished_seeds'])} | {result(summary)} | {per_seed} | {reached(summary)} "
-            f"| {fell(summary)} | {steps(env_steps)} | {minutes(records)} |"
+            f"| {fell(summary)} | {format_steps(env_steps)} | {minutes(records)} |"
         )
     begin, end = markers(name)
     return "\n".join([begin, *lines, end])
@@ -185,7 +176,7 @@ def write_tables(readme: str = README, results: str = RESULTS, spec_path: str = 
 def panel_table(name: str, panel_id: str) -> str:
     """The results page's table ``name``: the rows of the leaderboard results/panel/<panel_id>/table.md (which
     write_panels builds from the summaries first), between its markers."""
-    with open(os.path.join(ROOT, PANEL_DIR, panel_id, "table.md")) as file:
+    with open(os.path.join(ROOT, panel.PANEL_DIR, panel_id, "table.md")) as file:
         rows = [line.rstrip("\n") for line in file if line.startswith("|")]
     return "\n".join([markers(name)[0], *rows, markers(name)[1]])
 
@@ -198,11 +189,9 @@ def read_text(path: str) -> str:
 def write_panels(spec: dict) -> list[str]:
     """Rewrite each panel's results/panel/<id>/table.md and table.json from the summaries; returns the tables that
     changed."""
-    import panel  # panel.py imports this module for its number formats
-
     changed = []
     for entry in spec.get("panels", {}).values():
-        path = os.path.join(ROOT, PANEL_DIR, entry["id"], "table.md")
+        path = os.path.join(ROOT, panel.PANEL_DIR, entry["id"], "table.md")
         before = read_text(path) if os.path.isfile(path) else None
         with contextlib.chdir(ROOT):
             panel.write_table(panel.load_panel(entry["file"]), entry["id"])

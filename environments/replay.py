@@ -19,8 +19,8 @@ import math
 
 import numpy as np
 
-from action_spec import ActionSpec
 from env_group import EnvGroup, WorkerError, is_int, stack_observations
+from environments.action_spec import ActionSpec
 
 STATE_KEYS = ("episode", "actions")  # keys of one environment's entry in the state
 # An episode longer than this is not replayed: its entry holds "actions": None, and a restore starts the environment's

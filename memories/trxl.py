@@ -51,7 +51,7 @@ import torch
 from torch import nn
 
 from config import TransformerConfig, check_memory_rules
-from memory import Memory, MemoryOutput, MemoryState, MemoryTrace
+from memories.base import Memory, MemoryOutput, MemoryState, MemoryTrace
 from transformer import KeyValueSource, Transformer
 
 

@@ -1,4 +1,4 @@
-"""The one command for a machine with a GPU (``python benchmark.py --gpu-check``): does everything work there, and how
+"""The one command for a machine with a GPU (``python -m lab.benchmark --gpu-check``): does everything work there, and how
 fast is it? With ``--cpu`` the same checks run on the CPU, so that CI runs them and on a GPU only the device differs.
 
 Checks, each true or false in the JSON last line:
@@ -27,9 +27,9 @@ import time
 
 import torch
 
-from benchmark import measure
 from cli import ROOT
 from config import load_config
+from lab.measure import measure
 from model import ActorCriticModel
 from ppo import forward_minibatch, ppo_loss
 from trainer import PPOTrainer
@@ -166,7 +166,7 @@ def torchrun(device: torch.device, folder: str) -> tuple[bool, dict]:
 
 def table(device: torch.device, sizes: list[tuple[int, int]]) -> list[dict]:
     """Steps/s and peak memory of the Mortar Mayhem Grid config for TrXL and GRU at each (workers, steps) size: one
-    update after a warm-up one, as benchmark.py measures a path."""
+    update after a warm-up one, as lab/benchmark.py measures a path (lab/measure.py)."""
     rows = []
     for workers, steps in sizes:
         for memory in ("trxl", "gru"):

@@ -1,4 +1,4 @@
-"""Recurrent memories (GRU, LSTM) and no memory, behind the same interface as the TrXL memory (memory.py).
+"""Recurrent memories (GRU, LSTM) and no memory, behind the same interface as the TrXL memory (memories/base.py).
 
 Shapes (legend as in buffer.py): N workers, T rollout steps, B chunks, C steps per chunk, E encoder features,
 Y layers (``recurrence.num_layers``), H hidden state size, W = H for a GRU and 2 H for an LSTM (its hidden and cell
@@ -33,7 +33,7 @@ from torch import nn
 
 from config import RecurrenceConfig
 from heads import orthogonal
-from memory import Memory, MemoryOutput, MemoryState, MemoryTrace
+from memories.base import Memory, MemoryOutput, MemoryState, MemoryTrace
 
 
 class RecurrentRecord(NamedTuple):

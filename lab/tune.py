@@ -2,8 +2,8 @@
 train.py itself, and is scored by a robust multi-seed score of its training curves.
 
 Usage:
-  tune.py [options] [--set=<key=value>]...
-  tune.py (-h | --help)
+  python -m lab.tune [options] [--set=<key=value>]...
+  python -m lab.tune (-h | --help)
 
 Options:
   --config=<path>      Base YAML config of every trial (required).
@@ -58,11 +58,11 @@ import numpy as np
 import optuna
 import yaml
 
-from aggregation import interquartile_mean
 from cli import ROOT, parse_args
 from config import ConfigError, apply_overrides, parse_overrides, read_yaml, validate_config
-from experiment import check_run_id, number
-from seeds import child_environment
+from evaluation import interquartile_mean
+from lab.experiment import check_run_id, number
+from lab.seeds import child_environment
 from train import config_path
 from worker import usable_cores
 
@@ -416,12 +416,12 @@ def importance_figure(study: optuna.Study, path: str) -> dict[str, float] | None
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run tune.py with the command-line arguments ``argv`` (default: sys.argv[1:]); returns the exit code."""
+    """``python -m lab.tune`` with the command-line arguments ``argv`` (default: sys.argv[1:]); returns the exit code."""
     args = parse_args(__doc__, argv)
     missing = [flag for flag in ("--config", "--search", "--study") if args[flag] is None]
     if missing:
         print(
-            f"error: {', '.join(missing)} missing: python tune.py --config=<path> --search=<path> --study=<id>",
+            f"error: {', '.join(missing)} missing: python -m lab.tune --config=<path> --search=<path> --study=<id>",
             file=sys.stderr,
         )
         return 2

@@ -1,4 +1,5 @@
-"""The memory seam: everything the trainer, evaluation and enjoy.py know about an agent's memory.
+"""The memory seam: everything the trainer, evaluation and enjoy.py know about an agent's memory (its interface; the
+config chooses an implementation in ``memories/__init__.py``, ``make_memory``).
 
 Shapes (legend as in buffer.py): N workers, T steps per rollout, B chunks, C steps per chunk, D embed dim; for
 minibatches of single steps B rows (one per worker) of Q sampled steps.
@@ -31,11 +32,11 @@ At the rollout's weights ``forward_chunks`` and ``forward_steps`` reproduce what
 (tests/test_equivalence.py and tests/test_step_minibatches.py hold every memory to it), so PPO's ratios start at 1.
 A checkpoint keeps ``state.state_dict()`` and ``trace.state_dict()``.
 
-Implementations, chosen by the config's ``memory``: the episodic TrXL/GTrXL memory (trxl_memory.py); GRU and LSTM
-(recurrent_memory.py), which keep their hidden state in the state, record the state before each step in their trace,
+Implementations, chosen by the config's ``memory``: the episodic TrXL/GTrXL memory (memories/trxl.py); GRU and LSTM
+(memories/recurrent.py), which keep their hidden state in the state, record the state before each step in their trace,
 and take as context the hidden state at each chunk's start (truncated backpropagation through the chunk) or, for
-single steps, the hidden state before each step (one recurrent step from it); and no memory (recurrent_memory.py),
-which passes h on as it is. None of them touches the trainer.
+single steps, the hidden state before each step (one recurrent step from it); and no memory (memories/recurrent.py),
+which passes h on as it is. None of them touches the trainer, and this module imports none of them.
 """
 
 from __future__ import annotations
@@ -49,10 +50,6 @@ from typing import NamedTuple
 import numpy as np
 import torch
 from torch import nn
-
-from config import check_memory_path
-
-MEMORY_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class MemoryOutput(NamedTuple):
@@ -166,37 +163,3 @@ class Memory(nn.Module, ABC):
     def attention_over_steps(self, state: MemoryState, attention: list[torch.Tensor], row: int = 0) -> list[np.ndarray]:
         """Per block (H, V) attention of worker ``row``'s step over its V visible past steps, oldest first."""
         raise NotImplementedError(f"{type(self).__name__} has no attention to show")
-
-
-def memory_input_dim(config: object) -> int | None:
-    """The width the observation encoder embeds to for the configured memory; None: its raw features (the
-    recurrent memories take the flattened convolution output or the observation vector, as the reference's recurrent
-    sister repository does)."""
-    if config.memory == "trxl":
-        return config.transformer.embed_dim
-    if config.memory == "none":
-        return config.hidden_layer_size
-    return None
-
-
-def make_memory(config: object, input_dim: int, memory_path: str = "fast") -> Memory:
-    """The memory a training config asks for (``config.memory``).
-
-    Args:
-        config: a validated ``config.Config``.
-        input_dim: width of the encoder's output (``memory_input_dim`` where that is not None).
-        memory_path: TrXL only: "fast" (K/V cache, banded chunk attention) or "plain" (the per-window specification).
-
-    Every memory has ``output_dim``, the width of the features it gives the heads.
-    """
-    check_memory_path(memory_path, config)
-    dtype = MEMORY_DTYPES[config.memory_dtype]
-    if config.memory == "trxl":
-        from trxl_memory import TrXLMemory  # the implementations import this module's interface
-
-        return TrXLMemory(config.transformer, dtype, memory_path)
-    from recurrent_memory import NoMemory, RecurrentMemory
-
-    if config.memory == "none":
-        return NoMemory(input_dim)
-    return RecurrentMemory(config.memory, input_dim, config.recurrence, config.hidden_layer_size, dtype)

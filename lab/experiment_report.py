@@ -1,17 +1,23 @@
-"""Aggregating and reporting the finished seeds of an experiment (experiment.py): the final values and curves over
-the seeds (IQM, 95% interval, steps to a threshold, falls after solving) as summary.json holds them, and the console
-table.
+"""Aggregating and reporting the finished seeds of an experiment (lab/experiment.py): the final values and curves over
+the seeds (IQM, 95% interval, steps to a threshold, falls after solving) as summary.json holds them, the console
+table, and the figure of the curves (curves.png; lab/plot.py draws several experiments with the same functions). The
+number formats of the results tables (lab/tables.py, lab/panel.py) are here too, so that a result reads the same
+everywhere.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
-from aggregation import falls_after_reaching, iqm_curve, steps_to_threshold, summarize_runs, summarize_steps
 from evaluation import summarize
-from seeds import Seed
+from lab.aggregation import falls_after_reaching, iqm_curve, steps_to_threshold, summarize_runs, summarize_steps
+from lab.seeds import Seed
 
 SUCCESS_THRESHOLD = 0.9  # default steps-to-threshold level of the success rate
 SOLVED = 1.0  # success rate of an update in which the task counts as solved (for falls_after_solving)
@@ -121,3 +127,74 @@ def print_report(runs: list[Seed], summary: dict) -> None:
     failures = summary["failures"]
     if failures:
         print(f"{len(failures)} seed{'s' if len(failures) > 1 else ''} failed: {', '.join(str(f['seed']) for f in failures)}")
+
+
+def format_value(number: float, metric: str) -> str:
+    """A success rate with 2 decimals; a reward with one decimal from 100 on, else 3 (0.594, -0.145, 187.9)."""
+    if metric == "success":
+        return f"{number:.2f}"
+    return f"{number:.1f}" if abs(number) >= 100 else f"{number:.3f}"
+
+
+def format_steps(count: int) -> str:
+    """Environment steps as a table shows them: 1.23M, 295k."""
+    return f"{count / 1e6:.2f}M" if count >= 1e6 else f"{count / 1e3:.0f}k"
+
+
+def as_array(values: list[float | None]) -> np.ndarray:
+    """A JSON list of numbers (null: no value) as a float array with NaN for null."""
+    return np.array([np.nan if value is None else value for value in values], dtype=np.float64)
+
+
+def draw_experiment(ax: Axes, summary: dict, label: str, color: str, per_seed: bool = False) -> None:
+    """Draw one experiment's IQM curve against environment steps with its band, and optionally each seed's curve."""
+    curves = summary["curves"]
+    steps = np.array(curves["steps"], dtype=np.float64)
+    if len(steps) == 0:
+        return
+    if per_seed:
+        for index, values in enumerate(curves["per_seed"].values()):
+            single = "single seeds" if index == 0 else None  # one legend entry for all of them
+            ax.plot(steps, as_array(values), color=color, linewidth=0.6, alpha=0.4, label=single)
+    seeds = len(curves["per_seed"])
+    ax.fill_between(steps, as_array(curves["ci_low"]), as_array(curves["ci_high"]), color=color, alpha=0.25, linewidth=0)
+    counted = f"{seeds} seed{'s' if seeds != 1 else ''}"
+    ax.plot(steps, as_array(curves["iqm"]), color=color, linewidth=2, label=f"{label} (IQM of {counted}, 95% CI)")
+
+
+def metric_label(summaries: list[dict]) -> str:
+    """The y-axis label: the metric the curves show, per update."""
+    metrics = sorted({summary["metric"] for summary in summaries})
+    return f"{' / '.join(metrics)} (mean of the episodes that ended in each update)"
+
+
+def new_axes(title: str, ylabel: str) -> tuple[Figure, Axes]:
+    """A figure with one set of axes, drawn with Agg: no display is needed."""
+    figure = Figure(figsize=(8, 5), layout="constrained")
+    FigureCanvasAgg(figure)
+    ax = figure.add_subplot()
+    ax.set_title(title)
+    ax.set_xlabel("environment steps")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    return figure, ax
+
+
+def save(figure: Figure, path: str) -> None:
+    """Write the figure (its format from the file's extension), creating the folder."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    figure.savefig(path, dpi=120)
+
+
+def experiment_figure(summary: dict, path: str) -> None:
+    """The figure of one experiment: IQM curve with its 95% band and thin per-seed curves (lab/experiment.py's curves.png)."""
+    seeds = len(summary["curves"]["per_seed"])
+    title = f"{os.path.basename(summary['config'])}: {seeds} seed{'s' if seeds != 1 else ''}"
+    figure, ax = new_axes(title, metric_label([summary]))
+    draw_experiment(ax, summary, summary["run_id"], "C0", per_seed=True)
+    threshold = summary.get("steps_to_threshold", {}).get("threshold")
+    if threshold is not None:
+        ax.axhline(threshold, color="grey", linestyle="--", linewidth=1, label=f"threshold {threshold:g}")
+    ax.legend(loc="best")
+    save(figure, path)

@@ -1,12 +1,12 @@
-"""Overlay the IQM curves of several experiments (written by experiment.py), each with its 95% confidence band.
+"""Overlay the IQM curves of several experiments (written by lab/experiment.py), each with its 95% confidence band.
 
 Usage:
-  plot.py <experiment>... [--out=<file>] [--title=<text>] [--metric=<name>]
-  plot.py --tables
-  plot.py (-h | --help)
+  python -m lab.plot <experiment>... [--out=<file>] [--title=<text>] [--metric=<name>]
+  python -m lab.plot --tables
+  python -m lab.plot (-h | --help)
 
 Arguments:
-  <experiment>          A folder written by experiment.py (results/<id>) or its summary.json.
+  <experiment>          A folder written by lab/experiment.py (results/<id>) or its summary.json.
 
 Options:
   --out=<file>          Figure to write (default: plots/compare.png, a git-ignored scratch folder).
@@ -15,7 +15,7 @@ Options:
                         tag: training/approx_kl, losses/entropy), rebuilt from their seeds' records
                         (results/<id>/seed-k.json; the two tags since 2026-12-03).
   --tables              Instead: write the README's results table and the tables of docs/results.md from
-                        results/tables.yaml and the summaries it names (tables.py).
+                        results/tables.yaml and the summaries it names (lab/tables.py).
   -h --help             Show this help.
 """
 
@@ -26,11 +26,11 @@ import os
 import sys
 
 import numpy as np
-from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
 from cli import parse_args
+from lab.aggregation import iqm_curve
+from lab.experiment_report import draw_experiment, metric_label, new_axes, save
+from lab.tables import write_tables
 
 SUMMARY_FILE = "summary.json"
 
@@ -44,22 +44,20 @@ def load_summary(path: str) -> dict:
     """Read an experiment's summary.json (``path``: the file or its folder); ValueError with the fix where it is not one."""
     file = summary_path(path)
     if not os.path.isfile(file):
-        raise ValueError(f"'{file}' does not exist: pass a folder that experiment.py wrote (results/<run-id>)")
+        raise ValueError(f"'{file}' does not exist: pass a folder that lab/experiment.py wrote (results/<run-id>)")
     try:
         with open(file) as handle:
             summary = json.load(handle)
     except (OSError, json.JSONDecodeError) as error:
         raise ValueError(f"cannot read '{file}': {error}") from None
     if not isinstance(summary, dict) or "curves" not in summary or "metric" not in summary:
-        raise ValueError(f"'{file}' is not a summary written by experiment.py (no curves and metric inside)")
+        raise ValueError(f"'{file}' is not a summary written by lab/experiment.py (no curves and metric inside)")
     return summary
 
 
 def with_metric(summary: dict, path: str, metric: str) -> dict:
     """``summary`` with its curves rebuilt for ``metric`` from the seed records beside it; ValueError naming the fix
     where a record is missing or lacks the metric."""
-    from aggregation import iqm_curve
-
     if metric == summary["metric"]:
         return summary
     folder, tag, series = os.path.dirname(summary_path(path)), (metric if "/" in metric else f"episode/{metric}_mean"), {}
@@ -80,65 +78,6 @@ def with_metric(summary: dict, path: str, metric: str) -> dict:
     return summary | {"metric": metric, "curves": curves}
 
 
-def as_array(values: list[float | None]) -> np.ndarray:
-    """A JSON list of numbers (null: no value) as a float array with NaN for null."""
-    return np.array([np.nan if value is None else value for value in values], dtype=np.float64)
-
-
-def draw_experiment(ax: Axes, summary: dict, label: str, color: str, per_seed: bool = False) -> None:
-    """Draw one experiment's IQM curve against environment steps with its band, and optionally each seed's curve."""
-    curves = summary["curves"]
-    steps = np.array(curves["steps"], dtype=np.float64)
-    if len(steps) == 0:
-        return
-    if per_seed:
-        for index, values in enumerate(curves["per_seed"].values()):
-            single = "single seeds" if index == 0 else None  # one legend entry for all of them
-            ax.plot(steps, as_array(values), color=color, linewidth=0.6, alpha=0.4, label=single)
-    seeds = len(curves["per_seed"])
-    ax.fill_between(steps, as_array(curves["ci_low"]), as_array(curves["ci_high"]), color=color, alpha=0.25, linewidth=0)
-    counted = f"{seeds} seed{'s' if seeds != 1 else ''}"
-    ax.plot(steps, as_array(curves["iqm"]), color=color, linewidth=2, label=f"{label} (IQM of {counted}, 95% CI)")
-
-
-def metric_label(summaries: list[dict]) -> str:
-    """The y-axis label: the metric the curves show, per update."""
-    metrics = sorted({summary["metric"] for summary in summaries})
-    return f"{' / '.join(metrics)} (mean of the episodes that ended in each update)"
-
-
-def new_axes(title: str, ylabel: str) -> tuple[Figure, Axes]:
-    """A figure with one set of axes, drawn with Agg: no display is needed."""
-    figure = Figure(figsize=(8, 5), layout="constrained")
-    FigureCanvasAgg(figure)
-    ax = figure.add_subplot()
-    ax.set_title(title)
-    ax.set_xlabel("environment steps")
-    ax.set_ylabel(ylabel)
-    ax.grid(alpha=0.3)
-    return figure, ax
-
-
-def save(figure: Figure, path: str) -> None:
-    """Write the figure (its format from the file's extension), creating the folder."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    figure.savefig(path, dpi=120)
-
-
-def experiment_figure(summary: dict, path: str) -> None:
-    """The figure of one experiment: IQM curve with its 95% band and thin per-seed curves (experiment.py's curves.png)."""
-    seeds = len(summary["curves"]["per_seed"])
-    title = f"{os.path.basename(summary['config'])}: {seeds} seed{'s' if seeds != 1 else ''}"
-    figure, ax = new_axes(title, metric_label([summary]))
-    draw_experiment(ax, summary, summary["run_id"], "C0", per_seed=True)
-    threshold = summary.get("steps_to_threshold", {}).get("threshold")
-    if threshold is not None:
-        ax.axhline(threshold, color="grey", linestyle="--", linewidth=1, label=f"threshold {threshold:g}")
-    ax.legend(loc="best")
-    save(figure, path)
-
-
 def default_output(first: str) -> str:
     """plots/compare.png beside the results folder of the first experiment (results/<id> -> plots/compare.png): a
     git-ignored scratch folder, so a look at some curves leaves ``git status`` clean; a figure to commit is named with
@@ -148,11 +87,9 @@ def default_output(first: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run plot.py with the command-line arguments ``argv`` (default: sys.argv[1:]); returns the exit code."""
+    """``python -m lab.plot`` with the command-line arguments ``argv`` (default: sys.argv[1:]); returns the exit code."""
     args = parse_args(__doc__, argv)
     if args["--tables"]:
-        from tables import write_tables
-
         changed = write_tables()
         print(f"wrote {', '.join(os.path.relpath(path) for path in changed)}" if changed else "unchanged: every table")
         return 0

@@ -1,9 +1,9 @@
-"""Benchmark panel: a named set of (task, memory) pairs, each trained over seeds with experiment.py, gathered into one
+"""Benchmark panel: a named set of (task, memory) pairs, each trained over seeds with lab/experiment.py, gathered into one
 leaderboard: results/panel/<id>/table.md and table.json.
 
 Usage:
-  panel.py [options]
-  panel.py (-h | --help)
+  python -m lab.panel [options]
+  python -m lab.panel (-h | --help)
 
 Options:
   --panel=<path>   Panel file: the tasks, the memories and the seeds (required; the shipped one:
@@ -12,14 +12,14 @@ Options:
                    [default: main].
   --only=<names>   Comma-separated tasks, memories or task-memory pairs to run now (default: all); the table still
                    holds every pair that has results.
-  --jobs=<n>       Seeds trained at a time within a pair (experiment.py --jobs) [default: 1].
+  --jobs=<n>       Seeds trained at a time within a pair (python -m lab.experiment --jobs) [default: 1].
   --table-only     Train nothing: write the table from the results there are.
   --cpu            Train and evaluate on the CPU even where CUDA is available.
   -h --help        Show this help.
 
 A panel file:
 
-  seeds: 0-2                       # every pair's seeds (experiment.py --seeds)
+  seeds: 0-2                       # every pair's seeds (python -m lab.experiment --seeds)
   eval_episodes: 100               # unseen episodes per final model
   memories:                        # name: --set items that choose the memory
     trxl: []
@@ -33,7 +33,7 @@ A panel file:
       runs: {trxl: cartpole-trxl}  # pairs already measured as an experiment (results/<id>) with the pair's settings
 
 Pairs run one after the other, in the file's order (tasks, then memories); running the command again skips the
-seeds that finished (experiment.py's records) and resumes the rest, so a panel can be spread over several sessions.
+seeds that finished (lab/experiment.py's records) and resumes the rest, so a panel can be spread over several sessions.
 The table has one row per pair: the final models' IQM over the seeds with its 95% bootstrap interval, the seeds that
 reached the threshold and the IQM of their steps to it, and the median training minutes per seed (rollouts and
 optimisation, from the logged steps per second). A pair named under `runs` is not trained: its row is that
@@ -48,11 +48,10 @@ import sys
 
 import numpy as np
 
-import experiment
-import seeds
-import tables
 from cli import parse_args
 from config import ConfigError, load_config, parse_overrides, read_yaml, validate_config, with_saved_defaults
+from lab import experiment, seeds
+from lab.experiment_report import format_steps, format_value
 from train import config_path
 
 PANEL_DIR = os.path.join("results", "panel")
@@ -130,7 +129,9 @@ def check_linked_run(panel: dict, task: str, memory: str, run_id: str) -> None:
     folder = os.path.join(seeds.RESULTS_DIR, str(run_id))
     where = f"task '{task}', memory '{memory}': runs names '{run_id}'"
     if not os.path.isfile(os.path.join(folder, "summary.json")):
-        raise PanelError(f"{where}, which has no {folder}/summary.json: run it with experiment.py or drop it from runs")
+        raise PanelError(
+            f"{where}, which has no {folder}/summary.json: run it with python -m lab.experiment or drop it from runs"
+        )
     with open(os.path.join(folder, "summary.json")) as file:
         summary = json.load(file)
     finished, episodes = summary["finished_seeds"], panel.get("eval_episodes", 100)
@@ -163,7 +164,7 @@ def selected(task: str, memory: str, only: list[str] | None) -> bool:
 
 
 def arguments(panel: dict, panel_id: str, task: str, memory: str, jobs: int, cpu: bool) -> list[str]:
-    """experiment.py's arguments for one pair."""
+    """The arguments of ``python -m lab.experiment`` for one pair."""
     spec, sets = panel["tasks"][task], pair_sets(panel, task, memory)
     argv = [f"--config={spec['config']}", f"--seeds={panel['seeds']}", f"--run-id=panel/{panel_id}/{task}-{memory}"]
     argv += [f"--jobs={jobs}", f"--eval-episodes={panel.get('eval_episodes', 100)}", *[f"--set={s}" for s in sets]]
@@ -225,15 +226,15 @@ def table(rows: list[dict], panel_id: str) -> str:
     for entry in rows:
         best[entry["task"]] = max(best.get(entry["task"], -np.inf), entry["iqm"])
     for entry in rows:
-        low, high = (tables.value(bound, entry["metric"]) for bound in entry["ci"])
-        score = f"{tables.value(entry['iqm'], entry['metric'])} [{low}, {high}]"
+        low, high = (format_value(bound, entry["metric"]) for bound in entry["ci"])
+        score = f"{format_value(entry['iqm'], entry['metric'])} [{low}, {high}]"
         score = f"**{score}**" if entry["iqm"] == best[entry["task"]] else score
         threshold = "-" if entry["threshold"] is None else f"{entry['reached']} of {entry['seeds']} at {entry['threshold']:g}"
-        steps = "-" if entry["steps_to_threshold_iqm"] is None else tables.steps(entry["steps_to_threshold_iqm"])
+        steps = "-" if entry["steps_to_threshold_iqm"] is None else format_steps(entry["steps_to_threshold_iqm"])
         minutes = "-" if entry["seconds_per_seed"] is None else f"{entry['seconds_per_seed'] / 60:.1f}"
         lines.append(
             f"| {entry['task']} | {entry['memory']} | {entry['metric']} | {entry['seeds']} | {score} | {threshold} | {steps} "
-            f"| {'-' if entry['env_steps'] is None else tables.steps(entry['env_steps'])} | {minutes} |"
+            f"| {'-' if entry['env_steps'] is None else format_steps(entry['env_steps'])} | {minutes} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -257,11 +258,11 @@ def write_table(panel: dict, panel_id: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run panel.py with the command-line arguments ``argv`` (default: sys.argv[1:]); returns the exit code."""
+    """``python -m lab.panel`` with the command-line arguments ``argv`` (default: sys.argv[1:]); returns the exit code."""
     args = parse_args(__doc__, argv)
     if args["--panel"] is None:
         print(
-            "error: --panel missing: python panel.py --panel=configs/panels/memories.yaml (--help explains every flag)",
+            "error: --panel missing: python -m lab.panel --panel=configs/panels/memories.yaml (--help explains every flag)",
             file=sys.stderr,
         )
         return 2

@@ -1,0 +1,104 @@
+"""Measuring one memory path's training in this process: environment steps per second of the rollout and of the
+PPO epochs, peak memory, model FLOPs per environment step and their share of the machine's peak (a float32 matrix
+product measured in the same run). ``python -m lab.benchmark`` runs it in a child process per path or memory, and
+``python -m lab.benchmark --gpu-check`` (lab/gpu_check.py) for its steps/s table.
+"""
+
+from __future__ import annotations
+
+import resource
+import shutil
+import tempfile
+import time
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from config import load_config
+from ppo import forward_minibatch
+from trainer import PPOTrainer
+
+
+def matmul_peak_gflops(device: torch.device, size: int = 2048, repeats: int = 5) -> float:
+    """Float32 matrix-product GFLOP/s of this machine (best of ``repeats``)."""
+    a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
+    best = float("inf")
+    for _ in range(repeats + 1):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best / 1e9
+
+
+def count_flops(trainer: PPOTrainer) -> float:
+    """Model MFLOP per environment step: one rollout forward per step, plus epochs x (forward + backward) per sample."""
+    config = trainer.config
+    model, collector = trainer.model, trainer.collector
+    state = model.memory.start(config.n_workers, trainer.device)  # a scratch memory: the run's own stays as it is
+    state.load_state_dict(collector.state.state_dict())
+    model.memory.sync(state)  # the K/V cache is made once per rollout, not per step
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model.act(collector.obs, state, lambda policy: policy.sample())
+    rollout = counter.get_total_flops() / config.n_workers
+    minibatches = trainer.buffer.minibatches(
+        config.n_mini_batch, config.sequence_length, torch.Generator(), config.minibatch_sampling
+    )
+    minibatch = next(minibatches)
+    with FlopCounterMode(display=False) as counter:
+        out = forward_minibatch(model, minibatch)
+        (out.value.sum() + out.policy.log_prob(minibatch.actions).sum()).backward()
+    model.zero_grad(set_to_none=True)
+    # Rows of single steps are padded: the padding's work is part of the cost of the minibatch's real steps.
+    samples = minibatch.obs.shape[0] * minibatch.obs.shape[1] if minibatch.valid is None else int(minibatch.valid.sum())
+    train = counter.get_total_flops() / samples * config.epochs
+    return (rollout + train) / 1e6
+
+
+def measure(config_path: str, overrides: dict, path: str, updates: int, device: torch.device) -> dict:
+    """Time ``updates`` updates of one memory path (after one warm-up update) in this process."""
+    config = load_config(config_path, {**overrides, "eval_interval": 0})
+    folder = tempfile.mkdtemp(prefix="benchmark-")  # the run's model and summaries, removed afterwards
+    trainer = PPOTrainer(config, "benchmark", device, 0, path, models_dir=folder, summaries_dir=folder)
+    try:
+        trainer.rollout()
+        trainer.learner.optimize(trainer.buffer, trainer.update)
+        mflop = count_flops(trainer)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        rollout_s = train_s = 0.0
+        for _ in range(updates):
+            start = time.perf_counter()
+            trainer.rollout()
+            if device.type == "cuda":  # the rollout's last kernels (returns, advantages) count as rollout time
+                torch.cuda.synchronize()
+            middle = time.perf_counter()
+            trainer.learner.optimize(trainer.buffer, trainer.update)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            rollout_s += middle - start
+            train_s += time.perf_counter() - middle
+    finally:
+        trainer.close()
+        shutil.rmtree(folder, ignore_errors=True)
+    steps = updates * config.n_workers * config.worker_steps
+    overall = steps / (rollout_s + train_s)
+    peak = matmul_peak_gflops(device)
+    result = {
+        "rollout_sps": steps / rollout_s,
+        "train_sps": steps / train_s,
+        "overall_sps": overall,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "mflop_per_step": mflop,
+        "peak_fraction": mflop * 1e6 * overall / (peak * 1e9),
+        "matmul_gflops": peak,
+        "memory_length": config.transformer.memory_length,
+        "workers": config.n_workers,
+        "steps": config.worker_steps,
+    }
+    if device.type == "cuda":
+        result["peak_cuda_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+    return result
