@@ -107,6 +107,7 @@ class TransformerConfig:
     memory_gradients: bool
     query_position: bool
     positional_values: bool
+    recency_bias: bool
 
 
 @dataclass(frozen=True)
@@ -226,6 +227,13 @@ TRANSFORMER_SCHEMA: dict[str, tuple] = {
         "also add the positional encoding of the current step to each block's attention query (the reference adds it to "
         "the memory only), so attention can tell how long ago a memory token was written; no effect without a "
         "positional_encoding",
+    ),
+    "recency_bias": (
+        bool,
+        False,
+        None,
+        "also add ALiBi's fixed recency bias (-slope x distance per head) to the attention scores, on top of a "
+        "relative, learned or rotary positional_encoding (alibi has it already)",
     ),
     "positional_values": (
         bool,
@@ -476,6 +484,10 @@ def validate_config(raw: Any) -> Config:
         raise ConfigError(
             f"'transformer.embed_dim' ({transformer.embed_dim}) must be even for positional_encoding "
             f"'{transformer.positional_encoding}' (sine and cosine halves, also past the learned table): use an even embed_dim"
+        )
+    if transformer.recency_bias and transformer.positional_encoding == "alibi":
+        raise ConfigError(
+            "'transformer.recency_bias' adds ALiBi's bias, which positional_encoding 'alibi' has already: set one of them"
         )
     head_width = transformer.embed_dim // transformer.num_heads
     if transformer.positional_encoding == "rotary" and head_width % 2:

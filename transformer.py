@@ -17,6 +17,7 @@ Where a step sits in its episode reaches attention in one of two ways (``positio
 - by distance only: "rotary" turns each head's query and key vectors by angles proportional to their episode steps
   (RoFormer), so that their dot product depends on the distance between the two steps alone; "alibi" adds
   -slope_h x distance to head h's attention scores (Press et al., 2022), a recency bias with one fixed slope per head.
+  ``recency_bias`` adds that bias on top of "relative", "learned" or "rotary": when and how long ago, both.
   Either way attention sees *how long ago* a step was, and a step 400 of an episode looks like step 40 did.
 
 A query with no visible memory slot (the first step of an episode) gets no attention contribution at all: the
@@ -266,7 +267,8 @@ class Transformer(nn.Module):
             # One table for all blocks, initialised as the reference does.
             self.learned_positions = nn.Parameter(torch.randn(LEARNED_POSITIONS, config.embed_dim))
         self.blocks = nn.ModuleList([TransformerBlock(config) for _ in range(config.num_blocks)])
-        if config.positional_encoding == "alibi":
+        self.recency_bias = config.positional_encoding == "alibi" or config.recency_bias
+        if self.recency_bias:
             self.register_buffer("alibi_slopes", alibi_slopes(config.num_heads).view(1, -1, 1, 1), persistent=False)
 
     def position_encoding(self, steps: torch.Tensor) -> torch.Tensor | None:
@@ -363,14 +365,19 @@ class Transformer(nn.Module):
     def attention_mask(
         self, mask: torch.Tensor, query_steps: torch.Tensor | None, key_steps: torch.Tensor | None
     ) -> AttentionMask:
-        """The mask (B, Q, S) with what the encoding adds to attention: rotary angles of the queries or ALiBi's bias."""
-        kind = self.config.positional_encoding
-        if kind not in ("rotary", "alibi"):
+        """The mask (B, Q, S) with what the encoding adds to attention: rotary angles of the queries and ALiBi's bias
+        (``positional_encoding`` "alibi", or ``recency_bias`` with another encoding)."""
+        rotary = self.config.positional_encoding == "rotary"
+        if not (rotary or self.recency_bias):
             return AttentionMask.build(mask)
-        if query_steps is None or (kind == "alibi" and key_steps is None):
-            raise ValueError(f"positional_encoding '{kind}' needs the episode steps of the queries and memory slots")
-        if kind == "rotary":
-            head_width = self.config.embed_dim // self.config.num_heads
-            return AttentionMask.build(mask, query_rotation=rotary_angles(query_steps, head_width))
-        distance = (query_steps.unsqueeze(2) - key_steps.unsqueeze(1)).unsqueeze(1).float()  # (B, 1, Q, S)
-        return AttentionMask.build(mask, bias=-self.alibi_slopes * distance)  # (B, H, Q, S)
+        if query_steps is None or (self.recency_bias and key_steps is None):
+            raise ValueError(
+                f"positional_encoding '{self.config.positional_encoding}' with recency_bias {self.recency_bias} needs "
+                "the episode steps of the queries and memory slots"
+            )
+        rotation = rotary_angles(query_steps, self.config.embed_dim // self.config.num_heads) if rotary else None
+        bias = None
+        if self.recency_bias:
+            distance = (query_steps.unsqueeze(2) - key_steps.unsqueeze(1)).unsqueeze(1).float()  # (B, 1, Q, S)
+            bias = -self.alibi_slopes * distance  # (B, H, Q, S)
+        return AttentionMask.build(mask, bias=bias, query_rotation=rotation)

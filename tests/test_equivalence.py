@@ -20,10 +20,12 @@ from model import ActorCriticModel, PolicyOutput
 from ppo import forward_minibatch
 
 OPTIONS = list(itertools.product(["", "relative", "learned"], ["", "pre", "post"], [False, True]))
-# The distance-only encodings with each layer norm and both joins, not the whole product: they share everything else.
+# The distance-only encodings with each layer norm and both joins, not the whole product: they share everything else;
+# and ALiBi's bias on top of a token encoding and of rotary ("+bias": recency_bias).
 OPTIONS += [(encoding, "pre", False) for encoding in ("rotary", "alibi")] + [
     (encoding, layer_norm, True) for encoding in ("rotary", "alibi") for layer_norm in ("", "post")
 ]
+OPTIONS += [("relative+bias", "pre", False), ("learned+bias", "post", True), ("rotary+bias", "", True)]
 N, T, L, OBS = 3, 12, 5, 4
 
 
@@ -33,8 +35,9 @@ def make_model(
 ) -> ActorCriticModel:  # fmt: skip
     """The same weights for every path and option that does not add parameters."""
     torch.manual_seed(0)
-    options = {"positional_encoding": positional_encoding, "layer_norm": layer_norm, "gtrxl": gtrxl, "gtrxl_bias": 1.0}
-    options.update(memory_length=L, memory_gradients=memory_gradients, query_position=query_position)
+    encoding, _, bias = positional_encoding.partition("+")  # "relative+bias": with recency_bias
+    options = {"positional_encoding": encoding, "recency_bias": bool(bias), "layer_norm": layer_norm, "gtrxl": gtrxl}
+    options.update(gtrxl_bias=1.0, memory_length=L, memory_gradients=memory_gradients, query_position=query_position)
     options.update(positional_values=positional_values)
     config = small_config(options, n_workers=N, worker_steps=T, sequence_length=4, n_mini_batch=3, memory_dtype=memory_dtype)
     return ActorCriticModel(config, (OBS,), [3, 2], path)

@@ -8,16 +8,19 @@ import pytest
 import torch
 from conftest import random_rollout_buffer, small_config
 
+from config import ConfigError
 from memories.trxl import TrXLContext, ring_mask
 from model import ActorCriticModel, PolicyOutput
 from ppo import forward_minibatch
 from transformer import LEARNED_POSITIONS, alibi_slopes, rotary_angles, rotate, sinusoidal_encoding
 
 OPTIONS = list(itertools.product(["", "relative", "learned"], ["", "pre", "post"], [False, True]))
-# The distance-only encodings with each layer norm and both joins, not the whole product: they share everything else.
+# The distance-only encodings with each layer norm and both joins, not the whole product: they share everything else;
+# and ALiBi's bias on top of a token encoding and of rotary ("+bias": recency_bias).
 OPTIONS += [(encoding, "pre", False) for encoding in ("rotary", "alibi")] + [
     (encoding, layer_norm, True) for encoding in ("rotary", "alibi") for layer_norm in ("", "post")
 ]
+OPTIONS += [("relative+bias", "pre", False), ("learned+bias", "post", True), ("rotary+bias", "", True)]
 
 
 def window_output(
@@ -31,7 +34,9 @@ def window_output(
 
 
 def transformer_options(positional_encoding: str, layer_norm: str, gtrxl: bool) -> dict:
-    return {"positional_encoding": positional_encoding, "layer_norm": layer_norm, "gtrxl": gtrxl, "gtrxl_bias": 1.0}
+    encoding, _, bias = positional_encoding.partition("+")  # "relative+bias": with recency_bias
+    return {"positional_encoding": encoding, "recency_bias": bool(bias), "layer_norm": layer_norm, "gtrxl": gtrxl,
+            "gtrxl_bias": 1.0}  # fmt: skip
 
 
 @pytest.mark.parametrize("positional_encoding,layer_norm,gtrxl", OPTIONS)
@@ -167,6 +172,22 @@ def test_memory_length_one_reaches_back_one_step_per_block(positional_encoding: 
         changed[steps - 1 - back] += 1.0
         same = torch.allclose(last_value(changed), last_value(base))
         assert same == (back > blocks), f"a change {back} steps back, {blocks} blocks"
+
+
+def test_recency_bias_with_a_token_encoding_is_refused_with_alibi_and_changes_relative() -> None:
+    with pytest.raises(ConfigError, match="recency_bias"):
+        small_config({"positional_encoding": "alibi", "recency_bias": True})
+    torch.manual_seed(0)
+    options = {"positional_encoding": "relative", "num_heads": 2}
+    plain = ActorCriticModel(small_config(options), (3,), [3])
+    biased = ActorCriticModel(small_config({**options, "recency_bias": True}), (3,), [3])
+    biased.load_state_dict(plain.state_dict())  # the bias has no parameters
+    memory, steps, visible = torch.rand(2, 4, 2, 16), torch.arange(3, 7).expand(2, 4), torch.ones(2, 4, dtype=torch.bool)
+    outputs = [
+        model.memory.forward_windows(torch.ones(2, 16), memory, steps, visible, query_steps=torch.full((2,), 7)).features
+        for model in (plain, biased)
+    ]
+    assert not torch.allclose(outputs[0], outputs[1], atol=1e-4)
 
 
 @pytest.mark.parametrize("positional_encoding", ["rotary", "alibi"])
