@@ -62,6 +62,7 @@ MEANING_KEYS = (
     "transformer.positional_encoding",
     "transformer.query_position",
     "transformer.positional_values",
+    "transformer.recency_bias",
 )
 
 
