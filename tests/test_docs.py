@@ -4,10 +4,14 @@ present, every relative link pointing at a file (and heading) that exists, and t
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 import re
+import subprocess
+import sys
 
 import pytest
+import yaml
 
 from config import RECURRENCE_SCHEMA, SCHEMA, TRANSFORMER_SCHEMA
 from environments import ENV_TYPES, FAMILIES
@@ -108,7 +112,8 @@ def test_every_relative_link_points_to_an_existing_file(page: str) -> None:
 
 def test_the_readme_links_every_docs_page() -> None:
     readme = read(README_PATH)
-    for path in DOC_PATHS:
+    # docs/index.md is the docs site's home page; on GitHub the README is the home
+    for path in [p for p in DOC_PATHS if os.path.basename(p) != "index.md"]:
         assert f"](docs/{os.path.basename(path)})" in readme, f"the README's doc map lacks docs/{os.path.basename(path)}"
 
 
@@ -121,3 +126,39 @@ def test_config_comments_name_result_files_that_exist() -> None:
             named += 1
             assert os.path.exists(os.path.join(ROOT, result)), f"{os.path.relpath(path, ROOT)} names {result}"
     assert named >= 10
+
+
+def nav_pages(nav: list) -> list[str]:
+    """The page files of mkdocs.yml's nav, at any depth of sections.
+
+    :param nav: the nav list: page names, or one-key dicts of a title to a page name or to a list of such entries
+    :return: the page names, relative to docs/
+    """
+    pages = []
+    for entry in nav:
+        for item in entry.values() if isinstance(entry, dict) else [entry]:
+            pages.extend(nav_pages(item) if isinstance(item, list) else [item])
+    return pages
+
+
+def test_every_docs_page_is_in_the_site_nav() -> None:
+    with open(os.path.join(ROOT, "mkdocs.yml"), encoding="utf-8") as file:
+        pages = nav_pages(yaml.safe_load(file)["nav"])
+    assert len(pages) == len(set(pages)), "a page is twice in mkdocs.yml's nav"
+    assert set(pages) == {os.path.basename(path) for path in DOC_PATHS}, "mkdocs.yml's nav and docs/*.md differ"
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("material") is None,
+    reason="mkdocs-material is not installed (pip install -r requirements-dev.txt, which `make test` does)",
+)
+def test_the_docs_site_builds_in_strict_mode(tmp_path: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert os.path.exists(tmp_path / "site" / "configuration" / "index.html")
