@@ -13,8 +13,10 @@ import sys
 import pytest
 import yaml
 
+import config
 from config import RECURRENCE_SCHEMA, SCHEMA, TRANSFORMER_SCHEMA
 from environments import ENV_TYPES, FAMILIES
+from lab import docs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README_PATH = os.path.join(ROOT, "README.md")
@@ -162,3 +164,41 @@ def test_the_docs_site_builds_in_strict_mode(tmp_path: str) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert os.path.exists(tmp_path / "site" / "configuration" / "index.html")
+
+
+def test_the_config_table_is_the_one_the_schema_gives() -> None:
+    for path, text in docs.generated_pages().items():
+        assert read(path) == text, f"{os.path.relpath(path, ROOT)} differs from config.py's schema: python -m lab.docs --write"
+
+
+def test_a_changed_schema_meaning_changes_the_config_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    kind, default, check, _ = SCHEMA["gamma"]
+    monkeypatch.setitem(SCHEMA, "gamma", (kind, default, check, "a new meaning"))
+    monkeypatch.setitem(TRANSFORMER_SCHEMA, "num_heads", (int, 8, None, "more heads"))
+    table = docs.config_table()
+    assert "| `gamma` | 0.99 | a new meaning |" in table
+    assert "| `transformer.num_heads` | 8 | more heads |" in table
+
+
+@pytest.mark.parametrize(
+    "default, cell",
+    [
+        (config.REQUIRED, "required"),
+        (False, "false"),
+        (10.0, "10.0"),
+        (1e-8, "1e-8"),
+        (3e-4, "3e-4"),
+        ("", '`""`'),
+        ("chunks", "`chunks`"),
+        ({}, "`{}`"),
+        ({"initial": 3e-4, "final": 3e-4, "max_decay_steps": 1}, "3e-4 constant"),
+    ],
+)
+def test_defaults_are_written_as_a_config_file_would(default: object, cell: str) -> None:
+    assert docs.format_default(default) == cell
+
+
+def test_the_generator_refuses_a_page_without_its_markers() -> None:
+    with pytest.raises(ValueError, match="config table"):
+        docs.with_table("no markers here", "| table |")
+    assert docs.with_table(f"a\n{docs.BEGIN}\nold\n{docs.END}\nb", "new") == f"a\n{docs.BEGIN}\nnew\n{docs.END}\nb"
