@@ -1,6 +1,6 @@
-"""Write the generated parts of the docs: the configuration reference's key table from config.py's schema, so that a
-key's default and meaning are written once (tests/test_docs.py fails when docs/configuration.md differs from what
-this writes).
+"""Write the generated parts of the docs, so that each is written once: the configuration reference's key table from
+config.py's schema, and the flag tables of train.py and enjoy.py from their usage texts (tests/test_docs.py fails
+when a page differs from what this writes).
 
 Usage:
   python -m lab.docs [--write]
@@ -14,8 +14,11 @@ Options:
 from __future__ import annotations
 
 import os
+import re
 
-from cli import ROOT, parse_args
+import enjoy
+import train
+from cli import ROOT, parse_args, public_help
 from config import RECURRENCE_SCHEMA, REQUIRED, SCHEMA, TRANSFORMER_SCHEMA
 
 CONFIGURATION = os.path.join(ROOT, "docs", "configuration.md")
@@ -23,6 +26,18 @@ BEGIN = "<!-- config table: written by `python -m lab.docs --write` from config.
 END = "<!-- end of the config table -->"
 # The nested sections, each listed right after its own key
 SECTIONS = {"transformer": TRANSFORMER_SCHEMA, "recurrence": RECURRENCE_SCHEMA}
+FLAGS_BEGIN = "<!-- flag table: written by `python -m lab.docs --write` from {script}'s usage text; do not edit by hand -->"
+FLAGS_END = "<!-- end of the flag table -->"
+# script: (its usage text, the page whose flag table it writes)
+FLAG_PAGES = {
+    "train.py": (train.__doc__, os.path.join(ROOT, "docs", "training.md")),
+    "enjoy.py": (enjoy.__doc__, os.path.join(ROOT, "docs", "evaluation.md")),
+}
+# A word of a usage text that is code on a page: a flag, a key=value, a path, a <placeholder>, a file extension, a
+# CONSTANT_NAME. "K/V" stays a word: a path has a lower-case letter or a placeholder.
+CODE_WORD = re.compile(
+    r"--[a-z][\w-]*|\S*=\S*|\S*[a-z<]\S*/\S*|\S*/\S*[a-z<]\S*|\S*<\w+>\S*|\.[a-z0-9]+|[A-Z][A-Z0-9]*_[A-Z0-9_]+|\w+\.py"
+)
 
 
 def format_default(default: object) -> str:
@@ -73,9 +88,72 @@ def with_table(text: str, table: str, begin: str = BEGIN, end: str = END) -> str
     :return: the new page
     """
     if text.count(begin) != 1 or text.count(end) != 1:
-        raise ValueError(f"the page needs one '{begin}' line and one '{end}' line")
+        raise ValueError(f"the page needs one line '{begin}' and one line '{end}'")
     head, rest = text.split(begin)
     return f"{head}{begin}\n{table}\n{end}{rest.split(end, 1)[1]}"
+
+
+def as_markdown(text: str) -> str:
+    """A usage text's words as a table cell shows them: flags, paths, placeholders and the like in code spans (a bare
+    ``<id>`` would be read as an HTML tag), quoted values as code.
+
+    :param text: a flag's description from a usage text, on one line
+    :return: the markdown
+    """
+    text = re.sub(r'"(\w+)"', r"`\1`", text)
+    words = []
+    for word in text.split(" "):
+        # punctuation of the sentence around the word stays outside its code span
+        lead, core, tail = re.fullmatch(r"(\(?)(.*?)([).,;:]*)", word).groups()
+        if core and not core.startswith("`") and CODE_WORD.fullmatch(core):
+            core = f"`{core}`"
+        words.append(lead + core + tail)
+    # "--set updates=10" is one piece of code, not two
+    return " ".join(words).replace("` `", " ")
+
+
+def usage_options(doc: str) -> list[tuple[str, str, str]]:
+    """The options of a docopt usage text, as the reader sees them in ``--help`` (no internal ones, no ``--help``).
+
+    :param doc: the usage text
+    :return: (flag as written, e.g. "--seed=<n>"; its default or ""; its description on one line), in the text's order
+    """
+    options: list[list[str]] = []
+    for line in public_help(doc).split("Options:", 1)[1].splitlines():
+        option = re.match(r"^  (-\S+(?: -\S+)*)\s{2,}(\S.*)$", line)
+        if option:
+            options.append([option.group(1), option.group(2)])
+        elif line.startswith("    ") and options:
+            options[-1][1] += " " + line.strip()
+    rows = []
+    for flag, text in options:
+        if flag.startswith("-h"):
+            continue
+        default = re.search(r" ?[\[(]default: (.*?)[\])]\.?$", text)
+        if default:
+            text = text[: default.start()] + ("." if text.endswith(".") else "")
+        rows.append((flag, default.group(1) if default else "", text))
+    return rows
+
+
+def flag_table(doc: str) -> str:
+    """The flag table of a command: flag, default and meaning, each row from the usage text's option.
+
+    :param doc: the command's usage text
+    :return: the markdown table, without a final newline
+    """
+    rows = ["| flag | default | meaning |", "|---|---|---|"]
+    for flag, default, text in usage_options(doc):
+        if not default:
+            default = "" if "=" in flag else "off"
+        elif " " not in default:
+            default = default if re.fullmatch(r"[\d.]+", default) else f"`{default}`"
+        else:
+            default = as_markdown(default)
+        # a cell reads as the rest of a sentence ("seed of the model"), but "YAML config" keeps its capitals
+        meaning = as_markdown((text[0].lower() if text[1:2].islower() else text[0]) + text[1:].rstrip("."))
+        rows.append(f"| `{flag}` | {default} | {meaning} |")
+    return "\n".join(rows)
 
 
 def generated_pages() -> dict[str, str]:
@@ -84,7 +162,11 @@ def generated_pages() -> dict[str, str]:
     :return: {path: the page's full text}
     """
     with open(CONFIGURATION, encoding="utf-8") as file:
-        return {CONFIGURATION: with_table(file.read(), config_table())}
+        pages = {CONFIGURATION: with_table(file.read(), config_table())}
+    for script, (doc, path) in FLAG_PAGES.items():
+        with open(path, encoding="utf-8") as file:
+            pages[path] = with_table(file.read(), flag_table(doc), FLAGS_BEGIN.format(script=script), FLAGS_END)
+    return pages
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -166,9 +166,11 @@ def test_the_docs_site_builds_in_strict_mode(tmp_path: str) -> None:
     assert os.path.exists(tmp_path / "site" / "configuration" / "index.html")
 
 
-def test_the_config_table_is_the_one_the_schema_gives() -> None:
-    for path, text in docs.generated_pages().items():
-        assert read(path) == text, f"{os.path.relpath(path, ROOT)} differs from config.py's schema: python -m lab.docs --write"
+def test_the_generated_tables_are_the_ones_the_schema_and_usage_texts_give() -> None:
+    pages = docs.generated_pages()
+    assert {"configuration.md", "training.md", "evaluation.md"} <= {os.path.basename(path) for path in pages}
+    for path, text in pages.items():
+        assert read(path) == text, f"{os.path.relpath(path, ROOT)} differs from its sources: python -m lab.docs --write"
 
 
 def test_a_changed_schema_meaning_changes_the_config_table(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -202,3 +204,39 @@ def test_the_generator_refuses_a_page_without_its_markers() -> None:
     with pytest.raises(ValueError, match="config table"):
         docs.with_table("no markers here", "| table |")
     assert docs.with_table(f"a\n{docs.BEGIN}\nold\n{docs.END}\nb", "new") == f"a\n{docs.BEGIN}\nnew\n{docs.END}\nb"
+
+
+USAGE = """Usage:
+  tool.py [options]
+
+Options:
+  --out=<path>   Where the <id>.json files go [default: out/x].
+  --fast         Skip the "slow" part: --out still applies, e.g. --out a=b
+                 and so on (default: OMP_NUM_THREADS, else 1).
+  --child=<n>    (internal) The scripts' own flag.
+                 Its second line.
+  -h --help      Show this help.
+"""
+
+
+def test_flag_tables_come_from_the_usage_text() -> None:
+    assert docs.usage_options(USAGE) == [
+        ("--out=<path>", "out/x", "Where the <id>.json files go."),
+        ("--fast", "OMP_NUM_THREADS, else 1", 'Skip the "slow" part: --out still applies, e.g. --out a=b and so on.'),
+    ]
+    assert docs.flag_table(USAGE).splitlines()[2:] == [
+        "| `--out=<path>` | `out/x` | where the `<id>.json` files go |",
+        "| `--fast` | `OMP_NUM_THREADS`, else 1 | skip the `slow` part: `--out` still applies, e.g. `--out a=b` and so on |",
+    ]
+
+
+@pytest.mark.parametrize(
+    "text, markdown",
+    [
+        ("K/V cache in models/<id>.nn.", "K/V cache in `models/<id>.nn`."),
+        ("(see docs/memory.md), or .mp4", "(see `docs/memory.md`), or `.mp4`"),
+        ("written by train.py; e.g. --set updates=10", "written by `train.py`; e.g. `--set updates=10`"),
+    ],
+)
+def test_usage_words_become_code_spans(text: str, markdown: str) -> None:
+    assert docs.as_markdown(text) == markdown
