@@ -1,8 +1,8 @@
-# The README's two set-up commands: `make train` and `make test`. Each installs what it needs first.
+# The README's set-up commands: `make train`, `make test` and `make test-fast`. Each installs what it needs first.
 PYTHON ?= python3
 export SDL_AUDIODRIVER ?= dummy
 
-.PHONY: install install-dev train test lint
+.PHONY: install install-dev train test test-fast lint
 
 install:
 	$(PYTHON) -m pip install -q -r requirements.txt
@@ -20,3 +20,8 @@ lint: install-dev
 
 test: lint
 	$(PYTHON) -m pytest -q
+
+# The loop while editing: the tests not marked slow (no training runs, no scripts started as subprocesses), on two
+# processes; `make test` (what CI runs) is the whole suite.
+test-fast: install-dev
+	$(PYTHON) -m pytest -q -m "not slow" -n 2

@@ -1,7 +1,8 @@
 """Training configuration: loaded from YAML once, validated once, defaults filled in one place.
 
-Every key, its default and its meaning lives in ``SCHEMA`` below (docs/configuration.md's table follows it;
-tests/test_docs.py checks).
+Every key, its default and its meaning lives in ``SCHEMA`` below: docs/configuration.md's table is written from it by
+``python -m lab.docs --write`` (tests/test_docs.py fails when they differ), so a meaning is markdown, its links
+relative to docs/.
 ``load_config`` turns a YAML file into a ``Config``; ``validate_config`` does the same for a dict (tests, and
 checkpoints, which store ``Config.to_dict()``). Errors are ``ConfigError`` with a message that names the key, the bad
 value and the fix.
@@ -187,46 +188,74 @@ SCHEDULE_SCHEMA: dict[str, tuple] = {
 }
 
 TRANSFORMER_SCHEMA: dict[str, tuple] = {
-    "num_blocks": (int, 3, _POSITIVE, "number of transformer blocks K"),
-    "embed_dim": (int, 384, _POSITIVE, "token width D; must be divisible by num_heads"),
-    "num_heads": (int, 4, _POSITIVE, "attention heads per block"),
-    "memory_length": (int, 64, _POSITIVE, "how many past steps of the episode each step attends to (L)"),
+    "num_blocks": (int, 3, _POSITIVE, "transformer blocks K"),
+    "embed_dim": (int, 384, _POSITIVE, "token width D; divisible by `num_heads`"),
+    "num_heads": (int, 4, _POSITIVE, "attention heads"),
+    "memory_length": (
+        int,
+        64,
+        _POSITIVE,
+        (
+            "how many past steps of the episode each step sees, exactly (the reference showed at most "
+            "`memory_length - 1`); must not exceed the task's episode limit: `environment.max_episode_steps`, "
+            "or the task's own (CartPole 200/500, Atari `max_episode_frames` / `frame_skip`, a Gymnasium "
+            "id's registered limit); Memory Gym's is not checked"
+        ),
+    ),
     "positional_encoding": (
         str,
         "relative",
         ('"", "relative", "learned", "rotary" or "alibi"', lambda v: v in POSITIONAL_ENCODINGS),
-        "how attention knows when a memory step was: none; added to the memory tokens by their episode step as a "
-        "sinusoid (relative) or a learned table (learned: 2048 rows, sinusoidal beyond); or by the distance between the "
-        "query's and the memory token's steps: queries and keys turned by their steps (rotary), or a fixed recency bias "
-        "per head on the attention scores (alibi)",
+        (
+            "how attention knows when a memory step was (the reference's default: none). Added to each memory "
+            'token by its episode step: `""` none, `relative` sinusoidal, `learned` a learned table of 2048 '
+            "rows (episode steps beyond it get the sinusoidal encoding, so Endless episodes keep their steps "
+            "apart). By the distance between the query's step and the memory token's: `rotary` turns each "
+            "head's queries and keys by their steps (RoFormer; `embed_dim / num_heads` must be even), `alibi` "
+            "adds a fixed recency bias of -slope x distance per head (slopes 2^-8/H ... 2^-8), so step 400 "
+            "of an episode looks to attention like step 40 (`query_position` and `positional_values` do not "
+            "apply)"
+        ),
     ),
     "layer_norm": (
         str,
         "pre",
         ('"", "pre" or "post"', lambda v: v in ("", "pre", "post")),
-        "layer norm before attention/feed-forward (pre), after the residual (post), or none",
+        (
+            "`pre` (before attention and feed-forward; memory tokens get their own LayerNorm), `post` (after "
+            'each residual) or `""`'
+        ),
     ),
     "gtrxl": (bool, False, None, "GTrXL: GRU gates instead of residual connections"),
     "gtrxl_bias": (
         float,
         0.0,
         None,
-        "initial value of the learned GRU gate bias; larger values start the gates closer to the identity",
+        (
+            "initial value of the GRU gates' learned bias (one per unit, as in the reference); larger values "
+            "start the gates closer to the identity"
+        ),
     ),
     "memory_gradients": (
         bool,
         True,
         None,
-        "training only: the memory tokens of steps inside a minibatch chunk are recomputed with gradient, as in "
-        "Transformer-XL, instead of taken from the rollout without gradient; needs the fast memory path",
+        (
+            "training only: the memory slots of a minibatch chunk's own steps hold this pass's block inputs, "
+            "with gradient (Transformer-XL's training on segments), so a step's loss reaches the observations "
+            "it remembers; false: every memory token is the rollout's, without gradient, as in the "
+            "reference. Needs `--memory-path fast` and `minibatch_sampling: chunks` (set it false for either)"
+        ),
     ),
     "query_position": (
         bool,
         True,
         None,
-        "also add the positional encoding of the current step to each block's attention query (the reference adds it to "
-        "the memory only), so attention can tell how long ago a memory token was written; no effect without a "
-        "positional_encoding",
+        (
+            "also add the positional encoding of the current step to each block's attention query (the "
+            "reference adds it to the memory tokens only), so attention can tell how long ago a memory token "
+            "was written; no effect without a `positional_encoding`"
+        ),
     ),
     "recency_bias": (
         bool,
@@ -239,82 +268,124 @@ TRANSFORMER_SCHEMA: dict[str, tuple] = {
         bool,
         False,
         None,
-        "the positional encoding goes into the memory's values as well as its keys (as the reference); false: keys "
-        "only, so that what attention reads is the tokens' content, not mostly their position",
+        (
+            "the positional encoding goes into the memory's keys only, so attention selects by position but "
+            "reads the tokens' content; true: into the values as well, as the reference (its norm, sqrt(D/2), "
+            "can drown a small token's content)"
+        ),
     ),
 }
 
 RECURRENCE_SCHEMA: dict[str, tuple] = {
-    "hidden_state_size": (int, 256, _POSITIVE, "width of the GRU/LSTM hidden state"),
-    "num_layers": (int, 1, _POSITIVE, "stacked GRU/LSTM layers"),
+    "hidden_state_size": (
+        int,
+        256,
+        _POSITIVE,
+        "width H of the GRU/LSTM state (an LSTM keeps a hidden and a cell state of H each)",
+    ),
+    "num_layers": (int, 1, _POSITIVE, "stacked recurrent layers"),
 }
 
 SCHEMA: dict[str, tuple] = {
-    "environment": (dict, REQUIRED, None, "environment section: type, name and the type's own keys (docs/environments.md)"),
-    "gamma": (float, 0.99, _UNIT, "discount factor"),
-    "lamda": (float, 0.95, _UNIT, "GAE lambda (the reference's spelling)"),
-    "updates": (int, 200, _POSITIVE, "number of PPO updates (each is one rollout + optimisation)"),
-    "epochs": (int, 4, _POSITIVE, "optimisation epochs over each rollout"),
+    "environment": (dict, REQUIRED, None, "the task: `type` and the type's own keys ([environments.md](environments.md))"),
+    "gamma": (float, 0.99, _UNIT, "discount factor, in [0, 1]"),
+    "lamda": (float, 0.95, _UNIT, "GAE lambda (the reference's spelling), in [0, 1]"),
+    "updates": (int, 200, _POSITIVE, "PPO updates; each is one rollout and `epochs` passes over it"),
+    "epochs": (int, 4, _POSITIVE, "optimisation epochs per rollout"),
     "n_workers": (int, 16, _POSITIVE, "parallel environments N"),
-    "worker_steps": (int, 128, _POSITIVE, "steps per environment per rollout T"),
-    "n_mini_batch": (int, 8, _POSITIVE, "minibatches per epoch; N * T / sequence_length must be divisible by it"),
+    "worker_steps": (int, 128, _POSITIVE, "steps per environment and rollout T"),
+    "n_mini_batch": (int, 8, _POSITIVE, "minibatches per epoch; N * T / `sequence_length` must be divisible by it"),
     "minibatch_sampling": (
         str,
         "chunks",
         ('"chunks" or "steps"', lambda v: v in MINIBATCH_SAMPLINGS),
-        "minibatches of chunks of sequence_length consecutive steps, or of single steps shuffled across the rollout",
+        (
+            "`chunks`: minibatches of chunks of `sequence_length` consecutive steps; `steps`: all N * T steps "
+            "are shuffled and each minibatch holds N * T / `n_mini_batch` single steps, as in the reference "
+            "(`sequence_length` is then unused; not with `transformer.memory_gradients` or a GRU/LSTM memory, "
+            "which need consecutive steps). Costs and design: [memory.md](memory.md), "
+            "[performance.md](performance.md)"
+        ),
     ),
     "sequence_length": (
         int,
         0,
         _NON_NEGATIVE,
-        "consecutive steps per minibatch chunk (0 = largest divisor of worker_steps <= 128 that fits); unused with "
-        "minibatch_sampling steps",
+        (
+            "steps per minibatch chunk C (see [architecture.md](architecture.md)); must divide "
+            "`worker_steps`; 0 = the largest divisor <= 128 that gives every minibatch the same number of "
+            "chunks"
+        ),
     ),
     "normalize_observations": (
         bool,
         False,
         None,
-        "shift and scale each feature of vector observations by its running mean and standard deviation, then clip "
-        "(as VecNormalize); images are left as they are; the statistics are saved with the model and frozen in evaluation",
+        (
+            "shift and scale each feature of vector observations (each vector key of a dict) by its running "
+            "mean and standard deviation over all of training, then clip to `normalize_clip`, as "
+            "Stable-Baselines3's `VecNormalize`; images are left as they are. The statistics are updated once "
+            "per rollout from all workers (and all torchrun ranks), after the update trained on it, are "
+            "saved in the checkpoint and the model file, and are applied frozen by enjoy.py and every "
+            "evaluation ([normalization.py](../normalization.py))"
+        ),
     ),
     "normalize_rewards": (
         bool,
         False,
         None,
-        "divide rewards by the running standard deviation of the discounted return, then clip (as VecNormalize); the "
-        "reported episode rewards stay unscaled",
+        (
+            "divide each reward by the running standard deviation of the discounted return (`gamma`), then "
+            "clip to `normalize_clip`, as `VecNormalize`; training only: reported episode rewards stay "
+            "unscaled"
+        ),
     ),
     "normalize_clip": (float, 10.0, _POSITIVE, "normalised observations and rewards are clipped to [-clip, clip]"),
     "normalize_advantages": (
         bool,
         True,
         None,
-        "normalise the advantages over each minibatch (mean 0, std 1) as the reference does; false uses them as GAE "
-        "gives them",
+        (
+            "scale the advantages to mean 0 and std 1 over each minibatch, as the reference does; false uses "
+            "GAE's advantages as they are (`configs/poc_memory_env.yaml`: false, see "
+            "[differences.md](differences.md))"
+        ),
     ),
     "clipped_log_prob": (
         bool,
         False,
         None,
-        "continuous actions: the log-probability of a sample beyond a bound is that of the whole tail beyond it (the "
-        "clipped action the environment executes), not the sample's density; no effect on discrete actions",
+        (
+            "continuous actions only: the log-probability of a sample beyond a bound is that of the normal's "
+            "whole tail beyond it, i.e. of the clipped action the environment executes (Fujita and Maeda "
+            "2018); false uses the density of the unclipped sample, as CleanRL's continuous PPO. Measured on "
+            "the continuous proof-of-memory task: 5 of 10 seeds solved it against 6 of 10 with false "
+            "([results.md](results.md))"
+        ),
     ),
     "value_loss_coefficient": (float, 0.25, _NON_NEGATIVE, "weight of the value loss"),
     "value_trains_memory": (
         bool,
         True,
         None,
-        "the value loss's gradient reaches the memory and the encoder, which the policy and the value share (the "
-        "reference's); false: the value head learns on a detached copy of the memory's output, so only the policy "
-        "loss (and the reconstruction loss) trains them",
+        (
+            "the value loss's gradient reaches the memory and the encoder, which the policy and the value "
+            "share (the reference's); false: the value head learns on a detached copy of the memory's output, "
+            "so only the policy loss (and the reconstruction loss) trains them"
+        ),
     ),
     "reconstruction_coefficient": (
         float,
         0.0,
         _NON_NEGATIVE,
-        "weight of the observation-reconstruction loss (0 = off): a decoder reconstructs each step's observation from "
-        "the memory's output",
+        (
+            "weight of the observation-reconstruction loss (0: off, no decoder is built): a decoder "
+            "(transposed convolutions mirroring the encoder for images, binary cross-entropy per pixel; one "
+            "linear layer for vectors, mean squared error) reconstructs each step's observation (each key of "
+            "a dict) from the memory's output, as in the Memory Gym paper and CleanRL's "
+            "`reconstruction_coef`; TensorBoard `losses/reconstruction`. `configs/mortar_mayhem.yaml` and "
+            "`configs/searing_spotlights.yaml`: 0.1, the paper's value"
+        ),
     ),
     "hidden_layer_size": (int, 384, _POSITIVE, "width of the policy and value hidden layers"),
     "max_grad_norm": (float, 0.5, _POSITIVE, "gradient norm clip"),
@@ -322,93 +393,174 @@ SCHEMA: dict[str, tuple] = {
         float,
         1e-8,
         _POSITIVE,
-        "epsilon of the AdamW optimizer (added to the root of its second-moment estimate; torch's default 1e-8 is the "
-        "reference's)",
+        (
+            "epsilon of the AdamW optimizer, added to the root of its second-moment estimate (torch's "
+            "default, the reference's; `configs/poc_memory_env.yaml`: 1e-5, `configs/minigrid.yaml`: 1e-4 "
+            "rising to 1e-3 by `adam_epsilon_schedule`, `configs/recall_multi_agent.yaml`: 1e-3, see "
+            "[differences.md](differences.md))"
+        ),
     ),
     "adam_epsilon_schedule": (
         dict,
         {},
         None,
-        "adam_epsilon by update, with the keys of the other schedules, its initial value adam_epsilon's (e.g. {final: "
-        "1.0e-3, start: 99, max_decay_steps: 1} keeps adam_epsilon for 100 updates and 1e-3 after); empty: adam_epsilon "
-        "throughout",
+        (
+            "`{}`: `adam_epsilon` throughout. Otherwise AdamW's epsilon by update, from `adam_epsilon` (its "
+            "`initial` defaults to it; giving both with different values is an error). E.g. `{final: 1.0e-3, "
+            "start: 99, max_decay_steps: 1}`: `adam_epsilon` for updates 1-100, 1e-3 after, a larger epsilon "
+            "once an agent is solved ([results.md](results.md#against-the-falls-target_kl-then-undoing-a-step"
+            "-or-a-larger-adamw-epsilon)). TensorBoard `training/adam_epsilon`"
+        ),
     ),
     "adam_update_clipping": (
         bool,
         False,
         None,
-        "StableAdamW's update clipping (Wortsman et al., 2023): each tensor's AdamW step is divided by max(1, "
-        "RMS(g^2 / v)), v the second-moment estimate with this gradient, so a gradient far above the recent ones "
-        "cannot move the weights by several learning rates at once; false is plain AdamW, the reference's",
+        (
+            "StableAdamW's update clipping (Wortsman et al., 2023): each tensor's AdamW step is divided by "
+            "max(1, RMS(g²/v̂)), v̂ the second-moment estimate with this gradient, so one gradient far above "
+            "the recent ones (a rare failure of a solved policy) cannot move the weights by several learning "
+            "rates at once; TensorBoard `training/update_scale_min` is the update's smallest scale. False is "
+            "plain AdamW, the reference's. On the multi-agent recall task it did not stop solved seeds from "
+            "falling back; a larger `adam_epsilon` did ([results.md](results.md#multi-agent-recall-why-a-solv"
+            "ed-agent-fell-back-and-the-fix-5-seeds-per-setting))"
+        ),
     ),
     "weight_decay": (
         float,
         0.01,
         _NON_NEGATIVE,
-        "AdamW's decoupled weight decay, on every parameter (gate biases, layer norms and learned positions included), "
-        "as the reference's AdamW with torch's default",
+        (
+            "AdamW's decoupled weight decay, on every parameter (gate biases, layer norms and learned "
+            "positions included), as the reference's AdamW with torch's default"
+        ),
     ),
     "target_kl": (
         float,
         0.0,
         _NON_NEGATIVE,
-        "end an update's epochs at the first minibatch whose approximate KL divergence from the rollout's policy "
-        "exceeds this, before its gradient step (0 = off: every epoch runs, as in the reference)",
+        (
+            "end an update's epochs at the first minibatch whose approximate KL divergence from the rollout's "
+            "policy exceeds this, before that minibatch's step (0: every epoch runs, as in the reference); "
+            "TensorBoard `training/gradient_steps` and `training/kl_stop`, and the console line says where it "
+            "stopped; `training/approx_kl_max`, the largest minibatch KL of each update, shows how far a run "
+            "without it would pass a given target"
+        ),
     ),
     "kl_rollback": (
         bool,
         False,
         None,
-        "with target_kl: also undo the update's last gradient step (the weights and AdamW's moments as before it) when "
-        "the minibatch after it exceeds target_kl, so one step that moved the policy far is not kept; false keeps it",
+        (
+            "with `target_kl`: when a minibatch exceeds it, also undo the update's last gradient step (the "
+            "weights and AdamW's moments restored as they were before it), so that a single step that moved "
+            "the policy far is not kept, as a stop before the next step alone keeps it; TensorBoard "
+            "`training/kl_rollback` is 1 where a step was undone and `training/gradient_steps` counts the "
+            "steps kept. Needs `target_kl` > 0. Replayed on a MiniGrid fall it turned success 0.79 into a dip "
+            "to 0.92; over 5 seeds of the multi-agent recall task 2 still fell, where a larger "
+            "`adam_epsilon` stopped the falls ([results.md](results.md#multi-agent-recall-why-a-solved-agent-"
+            "fell-back-and-the-fix-5-seeds-per-setting))"
+        ),
     ),
     "n_processes": (
         int,
         0,
         (">= -1", lambda v: v >= -1),
-        "environment worker processes: 0 steps the environments in the main process; -1 (auto) gives a CUDA run one "
-        "process per core the trainer leaves free (at most one per environment), so the GPU does not wait for "
-        "environments stepped one after another, and a CPU run 0 (the model needs the cores there)",
+        (
+            "environment worker processes; 0 steps the environments in the main process (fastest for cheap "
+            "tasks, and on a 2-core CPU); -1 (auto): on a GPU run one process per core but the trainer's (at "
+            "most one per environment; with torchrun each rank takes its share of the machine's cores), on "
+            "the CPU 0; the GPU-scale Memory Gym configs use -1"
+        ),
     ),
     "memory_dtype": (
         str,
         "float32",
         ('"float32" or "bfloat16"', lambda v: v in ("float32", "bfloat16")),
-        "dtype of stored memory tokens",
+        (
+            "dtype of stored memory tokens (recurrent memories: of the stored state, rounded after every step "
+            "in rollouts and training alike): `float32` or `bfloat16` (halves the trace; compute stays "
+            "float32)"
+        ),
     ),
     "compute_dtype": (
         str,
         "float32",
         ('"float32" or "bfloat16"', lambda v: v in ("float32", "bfloat16")),
-        "dtype of the encoder's and memory's matrix products (bfloat16: under torch.autocast, for GPUs and AMX CPUs)",
+        (
+            "`bfloat16` runs the encoder's and the memory's matrix products under `torch.autocast` (the "
+            "heads, the losses and the optimizer stay float32): for GPUs and CPUs with fast bfloat16 (AMX, "
+            "AVX-512 BF16). Log-probabilities and values stay within 0.03 of float32's "
+            "(`tests/test_compute_dtype.py`); 1.21x the steps/s of float32 on the MiniGrid config on the "
+            "development CPU (AVX-512 BF16; training 1.29x, [performance.md](performance.md)); learning with "
+            "it not measured yet"
+        ),
     ),
     "compile": (
         bool,
         False,
         None,
-        "compile the encoder, the transformer blocks and the heads with torch.compile (the first update compiles)",
+        (
+            "compile the encoder, the transformer blocks and the heads with `torch.compile` (`dynamic=True`, "
+            "in place: checkpoints keep their keys); the first update compiles (the console says how long it "
+            "took), outputs stay those of the plain modules to float rounding (`tests/test_compile.py`). Off: "
+            "on the MiniGrid config on the development CPU it ran at 0.94x the plain modules' steps/s "
+            "([performance.md](performance.md))"
+        ),
     ),
-    "checkpoint_interval": (int, 10, _NON_NEGATIVE, "checkpoint every this many updates (0 = only at the end)"),
-    "eval_interval": (int, 50, _NON_NEGATIVE, "evaluate on unseen seeds every this many updates (0 = never)"),
-    "eval_episodes": (int, 10, _POSITIVE, "episodes per evaluation during training"),
+    "checkpoint_interval": (
+        int,
+        10,
+        _NON_NEGATIVE,
+        ("write `models/<run-id>/checkpoint.pt` every this many updates (0: only at the end and on early stops)"),
+    ),
+    "eval_interval": (int, 50, _NON_NEGATIVE, "evaluate on unseen seeds every this many updates and at the end (0: never)"),
+    "eval_episodes": (
+        int,
+        10,
+        _POSITIVE,
+        "episodes per evaluation during training (the same unseen episodes at every evaluation)",
+    ),
     "eval_video": (
         bool,
         False,
         None,
-        "at every evaluation, also record one episode with the attention strips as a TensorBoard video (Images tab)",
+        (
+            "at every evaluation, also record one episode (with the attention strips for `memory: trxl`) as "
+            "an animated image in TensorBoard (Images tab); needs an environment that renders frames"
+        ),
     ),
     "memory": (
         str,
         "trxl",
         ('"trxl", "gru", "lstm" or "none"', lambda v: v in MEMORY_TYPES),
-        "the agent's memory: the episodic transformer (section transformer), a GRU or LSTM (section recurrence), or "
-        "none (encoder straight to the heads)",
+        (
+            "the agent's memory: `trxl` the episodic transformer (`transformer.*` keys), `gru` or `lstm` a "
+            "recurrent layer trained with truncated backpropagation through each chunk (`recurrence.*` keys), "
+            "`none` no memory (the encoder's features go straight to the heads). `--set memory=gru` works on "
+            "any config; see [Memories](architecture.md#memories-transformer-gru-lstm-none)"
+        ),
     ),
-    "transformer": (dict, {}, None, "the memory transformer, memory trxl (keys below)"),
-    "recurrence": (dict, {}, None, "the recurrent memory, memory gru or lstm (keys below)"),
+    "transformer": (
+        dict,
+        {},
+        None,
+        "the memory transformer: a mapping of the `transformer.*` keys below, each with its default",
+    ),
+    "recurrence": (
+        dict,
+        {},
+        None,
+        "the recurrent memory (`memory: gru` or `lstm`): a mapping of the `recurrence.*` keys below",
+    ),
     "learning_rate_schedule": (dict, {"initial": 3e-4, "final": 3e-4, "max_decay_steps": 1}, None, "AdamW learning rate"),
     "beta_schedule": (dict, {"initial": 1e-3, "final": 1e-3, "max_decay_steps": 1}, None, "entropy bonus coefficient"),
-    "clip_range_schedule": (dict, {"initial": 0.2, "final": 0.2, "max_decay_steps": 1}, None, "PPO clip range"),
+    "clip_range_schedule": (
+        dict,
+        {"initial": 0.2, "final": 0.2, "max_decay_steps": 1},
+        None,
+        "PPO clip range (policy and value)",
+    ),
 }
 
 

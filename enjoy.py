@@ -5,20 +5,23 @@ Usage:
   enjoy.py (-h | --help)
 
 Options:
-  --model=<path>      Model file written by train.py [default: models/run.nn].
-  --random            Play uniformly random actions instead of a model, in the environment of --config: the chance
-                      level to compare scores with (no window; --set changes any config key).
-  --config=<path>     The config whose environment --random plays.
+  --model=<path>      Model file written by train.py, holding the weights and the config [default: models/run.nn].
+  --random            Play uniformly random actions instead of a model (each action entry uniform over its values or
+                      within its bounds) in the environment of --config, on the same unseen seeds: the chance level to
+                      compare a score with (no window; --set then changes any config key).
+  --config=<path>     With --random: the config whose environment is played.
   --episodes=<n>      Number of episodes [default: 1].
-  --seed=<n>          Evaluation seed (a stream disjoint from training seeds) [default: 0].
+  --seed=<n>          Evaluation seed; evaluation seeds never overlap training seeds [default: 0].
   --no-render         Do not open a window.
   --deterministic     Take the most likely action instead of sampling.
-  --record=<file>     Write the frames to a GIF (or .mp4 with imageio-ffmpeg installed) without a display.
-  --attention         Draw each block's attention over the memory window next to the frames (with --record).
-  --set=<key=value>   Change a key of the model's environment section, e.g. environment.kwargs.agents=4 to play a
-                      multi-agent task with 4 agents (repeatable); observations and actions must still fit the model.
+  --record=<file>     Write the frames to a GIF without a display (.mp4 works where imageio-ffmpeg is installed).
+  --attention         With --record: under each frame, one labelled strip per block and head showing the step's
+                      attention over its memory window.
+  --set=<key=value>   Change a key of the model's environment section (repeatable), e.g. environment.kwargs.agents=4
+                      to play a multi-agent task with 4 agents; only environment keys, and observations and actions
+                      must still fit the model.
   --json              Print the summary as one JSON object on the last line.
-  --quiet             Print nothing on stdout but the --json line (errors and notes still go to stderr).
+  --quiet             Print nothing on stdout but the --json line (errors and notes still go to stderr), for scripts.
   --cpu               Use the CPU even where CUDA is available.
   -h --help           Show this help.
 """

@@ -7,17 +7,23 @@ Usage:
   train.py (-h | --help)
 
 Options:
-  --config=<path>       YAML config (default: configs/poc_memory_env.yaml); not with --resume.
-  --run-id=<id>         Name of the run: summaries/<id>/<time>/, models/<id>.nn, models/<id>/checkpoint.pt [default: run].
-  --resume=<path>       Continue the run saved in this checkpoint (its config, run id and seed; --set still applies).
-  --overwrite           Start a new run even where models/<id>.nn or models/<id>/checkpoint.pt exists, replacing them.
-  --cpu                 Use the CPU even where CUDA is available.
-  --seed=<n>            Seed of the model, the sampling and the environments [default: 0].
-  --memory-path=<path>  "fast" (K/V cache and banded attention) or "plain" (per-window specification); default fast,
-                        or the checkpoint's on resume.
-  --set=<key=value>     Override a config key, e.g. --set updates=10 --set transformer.memory_length=16 (YAML values).
-  --threads=<n>         CPU threads of torch (default: OMP_NUM_THREADS, else one per core that the load average
-                        leaves free, at least 1), e.g. a share of the cores beside other trainings.
+  --config=<path>       YAML config (keys: docs/configuration.md); not with --resume (default: configs/poc_memory_env.yaml).
+  --run-id=<id>         Name of the run: summaries go to summaries/<id>/<time>/, the model to models/<id>.nn, checkpoints
+                        to models/<id>/checkpoint.pt [default: run].
+  --resume=<path>       Continue the run saved in this checkpoint: its config, run id, seed and summaries (--set still
+                        applies, e.g. --set updates=400 to train longer).
+  --overwrite           Start a new run even where models/<id>.nn or models/<id>/checkpoint.pt exists, replacing them;
+                        without it train.py refuses to start over an earlier run's files.
+  --cpu                 Use the CPU even where CUDA is available (CUDA is used where it is).
+  --seed=<n>            Seed of the model, the action sampling, the minibatch order and the environments (episode k of
+                        worker i is reset with a seed hashed from the seed, i and k) [default: 0].
+  --memory-path=<path>  "fast" (K/V cache in rollouts, banded attention in training) or "plain" (the per-window
+                        specification, which has no gradients into the memory: with it set
+                        transformer.memory_gradients=false) (default: "fast", or the checkpoint's on resume).
+  --set=<key=value>     Override a config key, repeatable, nested with dots, e.g. --set updates=10 and
+                        transformer.memory_length=16; values are YAML, an empty value is the empty string.
+  --threads=<n>         CPU threads of torch: where other trainings share the machine, give each its share of the cores
+                        (default: OMP_NUM_THREADS, else one per core that the load average leaves free, at least 1).
   -h --help             Show this help.
 """
 

@@ -36,6 +36,7 @@ def alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_sigterm_stops_the_measuring_child(tmp_path: str) -> None:
     command = [sys.executable, "-m", "lab.benchmark", "--config=configs/poc_memory_env.yaml", "--paths=fast"]
     command += ["--updates=100000", "--cpu"]

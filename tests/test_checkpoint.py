@@ -23,6 +23,7 @@ def train(tmp_path: str, name: str, updates: int, checkpoint: dict | None = None
     return trainer
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_processes,memory", [(0, "trxl"), (2, "trxl"), (0, "gru"), (0, "lstm")])
 def test_resumed_run_equals_uninterrupted_run(tmp_path: str, n_processes: int, memory: str) -> None:
     # worker_steps 20 and PoC episodes of up to 32 steps: episodes run across the interruption
@@ -38,6 +39,7 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path: str, n_processes: int, m
         assert torch.equal(a, b), name
 
 
+@pytest.mark.slow
 def test_checkpoint_loads_weights_only_and_model_file_round_trips(tmp_path: str) -> None:
     trainer = train(tmp_path, "files", 1)
     payload = torch.load(trainer.checkpoint_path, weights_only=True)
@@ -81,6 +83,7 @@ def test_a_model_saved_before_query_position_loads_without_it(tmp_path: str) -> 
     assert config_changes(payload["config"], config.to_dict()) == []
 
 
+@pytest.mark.slow
 def test_an_episode_too_long_to_replay_restarts_on_resume(tmp_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # The state of an Endless task must not grow with its episode: beyond the bound the episode is not recorded, and a
     # resume starts that environment's next episode, with a fresh memory for its lanes.
@@ -108,6 +111,7 @@ def test_an_episode_too_long_to_replay_restarts_on_resume(tmp_path: str, monkeyp
         resumed.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "schedule, expected",
     [

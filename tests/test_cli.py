@@ -186,6 +186,7 @@ def empty_root(tmp_path: str, monkeypatch: pytest.MonkeyPatch) -> str:
     return root
 
 
+@pytest.mark.slow
 def test_missing_default_model_lists_the_models_there_are(
     run_folder: str, tmp_path: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
@@ -206,6 +207,7 @@ def test_missing_default_model_without_models_says_how_to_train(
     assert "models/run.nn" in error and "make train" in error and "python train.py" in error
 
 
+@pytest.mark.slow
 def test_model_is_found_in_the_repository_from_another_folder(
     trained_run: str, tmp_path: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
@@ -218,6 +220,7 @@ def test_model_is_found_in_the_repository_from_another_folder(
     assert os.path.join(root, "models", "tiny.nn") in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_json_quiet_prints_the_json_line_alone(
     trained_run: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
@@ -234,6 +237,7 @@ def fail_if_evaluating(*args: object, **kwargs: object) -> None:
     raise AssertionError("no episode may run")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("situation", ["dummy video driver", "linux without a display"])
 def test_window_without_a_display_is_refused(
     run_folder: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, situation: str
@@ -264,6 +268,7 @@ def test_foreign_file_is_one_line_without_torch_internals(capsys: pytest.Capture
         assert internal not in error
 
 
+@pytest.mark.slow
 def test_video_without_ffmpeg_is_refused_before_the_episodes(
     run_folder: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
@@ -278,6 +283,7 @@ def test_video_without_ffmpeg_is_refused_before_the_episodes(
 # 6. Resume: no --config; a finished run has nothing to do.
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_config(run_folder: str, capsys: pytest.CaptureFixture, fake_trainer: list) -> None:
     assert train.main([f"--resume={CHECKPOINT}", "--config=configs/poc_memory_env.yaml", "--cpu"]) == 2
     error = capsys.readouterr().err
@@ -285,6 +291,7 @@ def test_resume_refuses_a_config(run_folder: str, capsys: pytest.CaptureFixture,
     assert fake_trainer == []
 
 
+@pytest.mark.slow
 def test_resuming_a_finished_run_has_nothing_to_do(run_folder: str, capsys: pytest.CaptureFixture, fake_trainer: list) -> None:
     assert load_file(CHECKPOINT)["update"] == 1
     assert train.main([f"--resume={CHECKPOINT}", "--cpu"]) == 0
@@ -296,6 +303,7 @@ def test_resuming_a_finished_run_has_nothing_to_do(run_folder: str, capsys: pyte
 # 7. The memory path of the checkpoint, unless --memory-path says otherwise.
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag,expected", [(None, "plain"), ("--memory-path=fast", "fast")])
 def test_resume_keeps_the_checkpoints_memory_path(
     run_folder: str, fake_trainer: list, flag: str | None, expected: str
@@ -347,6 +355,7 @@ def test_default_threads_leave_the_busy_cores_alone(monkeypatch: pytest.MonkeyPa
 # 8. Changes of the saved shapes are refused before any worker starts.
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "override,key",
     [
@@ -374,6 +383,7 @@ def test_resume_refuses_changed_shapes(
     assert fake_trainer == [], "no worker may start"
 
 
+@pytest.mark.slow
 def test_resume_with_other_worker_steps_trains(run_folder: str, capsys: pytest.CaptureFixture) -> None:
     """worker_steps only sizes the rollout buffer; the checkpoint carries the last memory_length steps of the trace."""
     code = train.main([f"--resume={CHECKPOINT}", "--set=updates=2", "--set=worker_steps=32", "--cpu"])

@@ -3,6 +3,7 @@ of the plain modules (to float rounding), and the weights keep their names."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import collect_random_rollout, small_config
 
@@ -11,6 +12,7 @@ from model import ActorCriticModel
 from ppo import forward_minibatch
 
 
+@pytest.mark.slow  # torch.compile takes some 20 s on a 2-core CPU
 def test_compiled_model_gives_the_plain_models_outputs() -> None:
     torch.manual_seed(0)
     plain = ActorCriticModel(small_config(), (3,), [2])

@@ -52,6 +52,7 @@ def test_bfloat16_training_forward_stays_close_to_its_rollout(memory: str) -> No
         torch.testing.assert_close(out.value, minibatch.values, atol=TOLERANCE, rtol=0)
 
 
+@pytest.mark.slow
 def test_bfloat16_training_runs(tmp_path: str) -> None:
     trainer = train_small(tmp_path, "bf16", 2, compute_dtype="bfloat16")
     assert trainer.update == 2

@@ -103,12 +103,14 @@ def test_training_reproduces_the_rollout_with_continuous_actions(memory: str, sa
     assert_training_reproduces_the_rollout(model, buffer, sampling)
 
 
+@pytest.mark.slow
 def test_resumed_continuous_run_equals_uninterrupted_run(tmp_path: str) -> None:
     overrides = {"environment": dict(POC_CONTINUOUS), "worker_steps": 20, "sequence_length": 10}
     checkpoint = resume_matches_uninterrupted(tmp_path, **overrides)
     assert isinstance(checkpoint["workers"][0]["actions"][0][0], float)
 
 
+@pytest.mark.slow
 def test_continuous_proof_of_memory_task_is_learned(tmp_path: str) -> None:
     """Moving by a continuous amount, the agent still has to remember which end rewards: success >= 0.9 in 20 updates."""
     from config import load_config

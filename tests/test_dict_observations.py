@@ -73,12 +73,14 @@ def test_training_reproduces_the_rollout_with_dict_observations(memory: str, sam
     assert_training_reproduces_the_rollout(model, buffer, sampling)
 
 
+@pytest.mark.slow
 def test_resumed_dict_run_equals_uninterrupted_run(tmp_path: str) -> None:
     overrides = {"environment": dict(POC_DICT), "worker_steps": 20, "sequence_length": 10}
     checkpoint = resume_matches_uninterrupted(tmp_path, **overrides)
     assert checkpoint["observation_shape"] == {"cue": [2], "image": [1, 1, 11]}
 
 
+@pytest.mark.slow
 def test_dict_proof_of_memory_task_is_learned(tmp_path: str) -> None:
     """The cue is only in the vector part and the position only in the image: success >= 0.9 in 15 updates."""
     from config import load_config

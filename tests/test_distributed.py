@@ -105,6 +105,7 @@ def test_ranks_split_the_lanes() -> None:
     assert Ranks().rows(8) is None and not Ranks().distributed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "settings",
     [
@@ -138,6 +139,7 @@ def test_two_processes_end_an_update_with_the_parameters_of_one(tmp_path: str, s
         assert f"(target_kl: stopped after 3 steps{undone})" in reports(one.stdout)[0], one.stdout
 
 
+@pytest.mark.slow
 def test_two_processes_resume_exactly_and_refuse_another_count(tmp_path: str) -> None:
     folder = str(tmp_path)
     normalised = [*SMALL, "--set", "normalize_observations=true", "--set", "normalize_rewards=true"]
@@ -158,6 +160,7 @@ def test_two_processes_resume_exactly_and_refuse_another_count(tmp_path: str) ->
     assert all(torch.equal(a[key], b[key]) for key in a)
 
 
+@pytest.mark.slow
 def test_one_process_under_torchrun_trains_in_a_group_and_resumes_plainly(tmp_path: str) -> None:
     """torchrun with one process takes the path of several (collectives over one rank: how one GPU checks NCCL), with
     the plain run's update; its checkpoint (a shard per rank) resumes in a plain run and the other way round."""
@@ -196,6 +199,7 @@ def test_a_process_without_a_gpu_of_its_own_is_refused(monkeypatch: pytest.Monke
         distributed.start("cuda")
 
 
+@pytest.mark.slow
 def test_a_failing_rank_stops_every_rank_with_its_error(tmp_path: str) -> None:
     failing = ["--set", "environment={type: Failing, fail_at_step: 20, rank: 1}", "--set", "updates=5"]
     result = run(str(tmp_path), [*SMALL, *failing, "--run-id", "fails"], processes=2, timeout=120)
@@ -206,6 +210,7 @@ def test_a_failing_rank_stops_every_rank_with_its_error(tmp_path: str) -> None:
     assert leftover.returncode == 1, f"no training process is left behind, found: {leftover.stdout}"
 
 
+@pytest.mark.slow
 def test_the_other_ranks_wait_for_an_evaluation_longer_than_the_collective_timeout(tmp_path: str) -> None:
     # Rank 0 evaluates alone (8 steps x 0.5 s per episode, twice) while the collectives time out after 2 s: the other
     # rank waits in distributed.wait_for_main's barrier, not in its next training collective.
@@ -217,6 +222,7 @@ def test_the_other_ranks_wait_for_an_evaluation_longer_than_the_collective_timeo
     assert result.stdout.count("evaluating 2 unseen episodes ... reward 8.000") == 2
 
 
+@pytest.mark.slow
 def test_every_checkpoint_comes_with_its_model_file(tmp_path: str) -> None:
     # A run killed while blocked (a rank stuck in a CUDA synchronisation under NCCL ignores SIGTERM) keeps the model
     # file of its last checkpoint, not only the checkpoint: rank 0 writes both at every checkpoint.
@@ -242,12 +248,14 @@ def test_every_checkpoint_comes_with_its_model_file(tmp_path: str) -> None:
         assert torch.equal(seen["model"]["model"][key], value), key
 
 
+@pytest.mark.slow
 def test_worker_counts_must_split_over_the_processes(tmp_path: str) -> None:
     result = run(str(tmp_path), [*SMALL, "--set", "n_workers=6", "--set", "n_mini_batch=2", "--run-id", "odd"], 4)
     assert result.returncode != 0  # torchrun exits with 1 whatever its processes' codes (2 here)
     assert "'n_workers' (6) must split evenly over the 4 processes: use a multiple of 4" in result.stderr
 
 
+@pytest.mark.slow
 def test_leave_ends_the_process_with_its_code_and_flushes_what_it_printed(tmp_path: str) -> None:
     # train.py's torchrun processes end through distributed.leave, which skips the interpreter's shutdown: what they
     # printed last must still arrive, and torchrun must see their exit code.

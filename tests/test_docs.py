@@ -4,13 +4,19 @@ present, every relative link pointing at a file (and heading) that exists, and t
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 import re
+import subprocess
+import sys
 
 import pytest
+import yaml
 
+import config
 from config import RECURRENCE_SCHEMA, SCHEMA, TRANSFORMER_SCHEMA
 from environments import ENV_TYPES, FAMILIES
+from lab import docs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README_PATH = os.path.join(ROOT, "README.md")
@@ -108,7 +114,8 @@ def test_every_relative_link_points_to_an_existing_file(page: str) -> None:
 
 def test_the_readme_links_every_docs_page() -> None:
     readme = read(README_PATH)
-    for path in DOC_PATHS:
+    # docs/index.md is the docs site's home page; on GitHub the README is the home
+    for path in [p for p in DOC_PATHS if os.path.basename(p) != "index.md"]:
         assert f"](docs/{os.path.basename(path)})" in readme, f"the README's doc map lacks docs/{os.path.basename(path)}"
 
 
@@ -121,3 +128,115 @@ def test_config_comments_name_result_files_that_exist() -> None:
             named += 1
             assert os.path.exists(os.path.join(ROOT, result)), f"{os.path.relpath(path, ROOT)} names {result}"
     assert named >= 10
+
+
+def nav_pages(nav: list) -> list[str]:
+    """The page files of mkdocs.yml's nav, at any depth of sections.
+
+    :param nav: the nav list: page names, or one-key dicts of a title to a page name or to a list of such entries
+    :return: the page names, relative to docs/
+    """
+    pages = []
+    for entry in nav:
+        for item in entry.values() if isinstance(entry, dict) else [entry]:
+            pages.extend(nav_pages(item) if isinstance(item, list) else [item])
+    return pages
+
+
+def test_every_docs_page_is_in_the_site_nav() -> None:
+    with open(os.path.join(ROOT, "mkdocs.yml"), encoding="utf-8") as file:
+        pages = nav_pages(yaml.safe_load(file)["nav"])
+    assert len(pages) == len(set(pages)), "a page is twice in mkdocs.yml's nav"
+    assert set(pages) == {os.path.basename(path) for path in DOC_PATHS}, "mkdocs.yml's nav and docs/*.md differ"
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("material") is None,
+    reason="mkdocs-material is not installed (pip install -r requirements-dev.txt, which `make test` does)",
+)
+def test_the_docs_site_builds_in_strict_mode(tmp_path: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert os.path.exists(tmp_path / "site" / "configuration" / "index.html")
+
+
+def test_the_generated_tables_are_the_ones_the_schema_and_usage_texts_give() -> None:
+    pages = docs.generated_pages()
+    assert {"configuration.md", "training.md", "evaluation.md"} <= {os.path.basename(path) for path in pages}
+    for path, text in pages.items():
+        assert read(path) == text, f"{os.path.relpath(path, ROOT)} differs from its sources: python -m lab.docs --write"
+
+
+def test_a_changed_schema_meaning_changes_the_config_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    kind, default, check, _ = SCHEMA["gamma"]
+    monkeypatch.setitem(SCHEMA, "gamma", (kind, default, check, "a new meaning"))
+    monkeypatch.setitem(TRANSFORMER_SCHEMA, "num_heads", (int, 8, None, "more heads"))
+    table = docs.config_table()
+    assert "| `gamma` | 0.99 | a new meaning |" in table
+    assert "| `transformer.num_heads` | 8 | more heads |" in table
+
+
+@pytest.mark.parametrize(
+    "default, cell",
+    [
+        (config.REQUIRED, "required"),
+        (False, "false"),
+        (10.0, "10.0"),
+        (1e-8, "1e-8"),
+        (3e-4, "3e-4"),
+        ("", '`""`'),
+        ("chunks", "`chunks`"),
+        ({}, "`{}`"),
+        ({"initial": 3e-4, "final": 3e-4, "max_decay_steps": 1}, "3e-4 constant"),
+    ],
+)
+def test_defaults_are_written_as_a_config_file_would(default: object, cell: str) -> None:
+    assert docs.format_default(default) == cell
+
+
+def test_the_generator_refuses_a_page_without_its_markers() -> None:
+    with pytest.raises(ValueError, match="config table"):
+        docs.with_table("no markers here", "| table |")
+    assert docs.with_table(f"a\n{docs.BEGIN}\nold\n{docs.END}\nb", "new") == f"a\n{docs.BEGIN}\nnew\n{docs.END}\nb"
+
+
+USAGE = """Usage:
+  tool.py [options]
+
+Options:
+  --out=<path>   Where the <id>.json files go [default: out/x].
+  --fast         Skip the "slow" part: --out still applies, e.g. --out a=b
+                 and so on (default: OMP_NUM_THREADS, else 1).
+  --child=<n>    (internal) The scripts' own flag.
+                 Its second line.
+  -h --help      Show this help.
+"""
+
+
+def test_flag_tables_come_from_the_usage_text() -> None:
+    assert docs.usage_options(USAGE) == [
+        ("--out=<path>", "out/x", "Where the <id>.json files go."),
+        ("--fast", "OMP_NUM_THREADS, else 1", 'Skip the "slow" part: --out still applies, e.g. --out a=b and so on.'),
+    ]
+    assert docs.flag_table(USAGE).splitlines()[2:] == [
+        "| `--out=<path>` | `out/x` | where the `<id>.json` files go |",
+        "| `--fast` | `OMP_NUM_THREADS`, else 1 | skip the `slow` part: `--out` still applies, e.g. `--out a=b` and so on |",
+    ]
+
+
+@pytest.mark.parametrize(
+    "text, markdown",
+    [
+        ("K/V cache in models/<id>.nn.", "K/V cache in `models/<id>.nn`."),
+        ("(see docs/memory.md), or .mp4", "(see `docs/memory.md`), or `.mp4`"),
+        ("written by train.py; e.g. --set updates=10", "written by `train.py`; e.g. `--set updates=10`"),
+    ],
+)
+def test_usage_words_become_code_spans(text: str, markdown: str) -> None:
+    assert docs.as_markdown(text) == markdown

@@ -72,6 +72,7 @@ def copy(tiny_experiment: tuple[str, subprocess.CompletedProcess], tmp_path: str
     return folder
 
 
+@pytest.mark.slow
 def test_experiment_writes_summary_plot_and_a_json_line(tiny_experiment: tuple[str, subprocess.CompletedProcess]) -> None:
     folder, result = tiny_experiment
     assert result.returncode == 0, result.stdout + result.stderr
@@ -110,6 +111,7 @@ def test_experiment_writes_summary_plot_and_a_json_line(tiny_experiment: tuple[s
     assert f"seeds fell below 0.9 ({falls['updates_below']} updates in all)" in result.stdout
 
 
+@pytest.mark.slow
 def test_a_second_run_skips_finished_seeds(copy: str) -> None:
     mtimes = {path: os.path.getmtime(path) for seed in (0, 1) for path in run_files(copy, seed)}
     result = run_experiment(copy, "0-1")
@@ -121,6 +123,7 @@ def test_a_second_run_skips_finished_seeds(copy: str) -> None:
     assert last_json(result)["seeds"] == 2
 
 
+@pytest.mark.slow
 def test_deterministic_evaluation_is_recorded_and_not_mixed_with_sampled(copy: str) -> None:
     result = run_experiment(copy, "0-1", flags=("--deterministic",))
     assert result.returncode == 0, result.stdout + result.stderr
@@ -139,6 +142,7 @@ def test_deterministic_evaluation_is_recorded_and_not_mixed_with_sampled(copy: s
     assert result.returncode == 1 and "its model is gone: use --eval-episodes 3 --deterministic" in result.stdout
 
 
+@pytest.mark.slow
 def test_records_let_a_folder_without_models_and_summaries_skip_finished_seeds(
     tiny_experiment: tuple[str, subprocess.CompletedProcess], copy: str
 ) -> None:
@@ -162,6 +166,7 @@ def test_records_let_a_folder_without_models_and_summaries_skip_finished_seeds(
     assert [entry["status"] for entry in after["per_seed"]] == ["skipped", "skipped"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("inherited", ["default", "ignored"])
 def test_an_interrupted_experiment_keeps_the_seeds_it_finished(copy: str, inherited: str) -> None:
     """Seed 3 is evaluated and recorded as soon as it finishes, before seed 4 (trained after it) is interrupted; also
@@ -195,6 +200,7 @@ def test_an_interrupted_experiment_keeps_the_seeds_it_finished(copy: str, inheri
     assert not os.path.exists(os.path.join(copy, "results", EXPERIMENT, "seed-4.json"))
 
 
+@pytest.mark.slow
 def test_a_record_of_another_config_is_refused(copy: str) -> None:
     shutil.rmtree(os.path.join(copy, "models"))
     command = [sys.executable, "-m", "lab.experiment", f"--config={CONFIG}", "--seeds=0", "--cpu"]
@@ -205,6 +211,7 @@ def test_a_record_of_another_config_is_refused(copy: str) -> None:
     assert "gamma 0.99 -> 0.9" in result.stdout
 
 
+@pytest.mark.slow
 def test_an_unfinished_seed_is_resumed_not_restarted(copy: str) -> None:
     """Seed 2 is interrupted after its first checkpoint (as tests/test_reliability.py does), then the experiment over
     seeds 0-2 skips 0 and 1 and continues seed 2 from its checkpoint."""
@@ -242,6 +249,7 @@ def test_an_unfinished_seed_is_resumed_not_restarted(copy: str) -> None:
     assert last_json(result)["seeds"] == 3
 
 
+@pytest.mark.slow
 def test_a_failing_seed_is_reported_and_the_others_count(copy: str) -> None:
     blocker = os.path.join(copy, "models", EXPERIMENT, "seed-2")
     with open(blocker, "w") as file:  # a file where seed 2's checkpoint folder must go: its train.py fails
@@ -258,6 +266,7 @@ def test_a_failing_seed_is_reported_and_the_others_count(copy: str) -> None:
     assert summary["finished_seeds"] == [0, 1]
 
 
+@pytest.mark.slow
 def test_plot_overlays_experiments(tiny_experiment: tuple[str, subprocess.CompletedProcess], tmp_path: str) -> None:
     folder = tiny_experiment[0]
     other = os.path.join(folder, "results", "other")
@@ -274,6 +283,7 @@ def test_plot_overlays_experiments(tiny_experiment: tuple[str, subprocess.Comple
     assert result.returncode == 2 and "does not exist" in result.stderr
 
 
+@pytest.mark.slow
 def test_plot_rebuilds_the_curves_of_another_metric(tiny_experiment: tuple[str, subprocess.CompletedProcess]) -> None:
     folder = os.path.join(tiny_experiment[0], "results", EXPERIMENT)
     summary = plot.load_summary(folder)

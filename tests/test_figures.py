@@ -6,6 +6,7 @@ import glob
 
 import imageio.v2 as imageio
 import numpy as np
+import pytest
 import torch
 from conftest import small_config
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
@@ -43,6 +44,7 @@ def test_episode_start_has_no_visible_cells() -> None:
     assert all(tuple(cell) in PADDING_CELL for cell in cells)
 
 
+@pytest.mark.slow
 def test_eval_video_reaches_tensorboard(tmp_path: str) -> None:
     config = small_config(updates=1, eval_interval=1, eval_episodes=1, eval_video=True)
     PPOTrainer(config, "video", torch.device("cpu"), models_dir=str(tmp_path), summaries_dir=str(tmp_path)).run()

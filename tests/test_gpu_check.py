@@ -15,6 +15,7 @@ from cli import module_environment
 from lab import gpu_check
 
 
+@pytest.mark.slow
 def test_gpu_check_passes_on_the_cpu(tmp_path: str) -> None:
     command = [sys.executable, "-m", "lab.benchmark", "--gpu-check", "--cpu", "--check-sizes=2x16"]
     result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=900, env=module_environment())

@@ -239,6 +239,7 @@ def test_episode_limit_bounds_memory_length_in_the_training_config() -> None:
     assert config.environment["max_episode_steps"] == -1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_processes", [0, 2])
 def test_training_on_a_gymnasium_id_without_editing_the_package(tmp_path: str, n_processes: int) -> None:
     from trainer import PPOTrainer

@@ -137,6 +137,7 @@ def test_joint_actions_replay_with_any_number_of_processes() -> None:
             copy.restore([{"episode": entry["episode"], "actions": [[0]] * 2} for entry in state])
 
 
+@pytest.mark.slow
 def test_resumed_multi_agent_run_equals_uninterrupted_run(tmp_path: str) -> None:
     overrides = {"environment": {**RECALL, "kwargs": {"agents": 2, "delay": 4}}, "worker_steps": 12}
     checkpoint = resume_matches_uninterrupted(tmp_path, **overrides)
@@ -200,6 +201,7 @@ def test_evaluation_plays_any_agent_count(tmp_path: str) -> None:
     assert len({result["team_reward"] for result in results[:4]}) == 1, "the agents of an episode share its team values"
 
 
+@pytest.mark.slow
 def test_enjoy_changes_the_agent_count_and_refuses_other_keys(tmp_path: str, capsys: pytest.CaptureFixture) -> None:
     config = load_config(os.path.join(ROOT, "configs", "recall_multi_agent.yaml"), {"updates": 1, "eval_interval": 0})
     trainer = PPOTrainer(config, "ma", torch.device("cpu"), 0, models_dir=str(tmp_path), summaries_dir=str(tmp_path))
@@ -211,6 +213,7 @@ def test_enjoy_changes_the_agent_count_and_refuses_other_keys(tmp_path: str, cap
     assert "changes only keys of the environment section" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("memory", "low", "high"), [("trxl", 0.9, 1.0), ("none", 0.0, 0.75)])
 def test_multi_agent_recall_needs_and_learns_memory(tmp_path: str, memory: str, low: float, high: float) -> None:
     """Each agent must answer with its own cue after 6 steps: TrXL reaches success >= 0.9 in 20 updates (it did

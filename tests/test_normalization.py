@@ -70,11 +70,13 @@ def test_rewards_are_divided_by_the_std_of_the_discounted_return_which_restarts_
     torch.testing.assert_close(scaler.returns, torch.tensor([1.0, 4.5], dtype=torch.float64))
 
 
+@pytest.mark.slow
 def test_resumed_run_with_normalisation_equals_uninterrupted_run(tmp_path: str) -> None:
     checkpoint = resume_matches_uninterrupted(tmp_path, normalize_observations=True, normalize_rewards=True)
     assert checkpoint["rewards"]["count"] > 0 and checkpoint["rewards"]["returns"].shape == (4,)
 
 
+@pytest.mark.slow
 def test_statistics_travel_in_the_model_file_and_stay_frozen_in_evaluation(tmp_path: str) -> None:
     trainer = train_small(tmp_path, "normalised", 2, normalize_observations=True)
     statistics = trainer.model.normalizer.parts[0].statistics

@@ -37,6 +37,7 @@ def run_panel(folder: str, text: str, *flags: str, panel_id: str = "tiny") -> su
     return subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=300, env=module_environment())
 
 
+@pytest.mark.slow
 def test_tiny_panel_end_to_end(tmp_path: str) -> None:
     result = run_panel(str(tmp_path), TINY, "--only=none")
     assert result.returncode == 0, result.stderr
@@ -57,6 +58,7 @@ def test_tiny_panel_end_to_end(tmp_path: str) -> None:
     assert os.path.isfile(os.path.join(tmp_path, "results", "panel", "tiny", "table.md"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "text,flags,expected",
     [
@@ -102,6 +104,7 @@ def test_a_linked_run_may_differ_in_bookkeeping_only() -> None:
     assert panel.settings_differences(other, wanted) == ["transformer.memory_length: 32 there, 64 in the pair"]
 
 
+@pytest.mark.slow
 def test_a_pair_measured_before_is_linked_not_trained(tmp_path: str) -> None:
     # The no-memory pair of a first panel becomes the linked run of a second panel's same pair.
     assert run_panel(str(tmp_path), TINY, "--only=none").returncode == 0

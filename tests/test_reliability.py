@@ -109,6 +109,7 @@ def write_config(tmp_path: str, raw: dict | str) -> str:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "content,words",
     [
@@ -150,6 +151,7 @@ def failing_config(tmp_path: str, mode: str) -> str:
     return write_config(tmp_path, raw)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["raise", "exit"])
 def test_failing_environment_stops_training_with_traceback_and_checkpoint(tmp_path: str, mode: str) -> None:
     marker = f"fail-{mode}-{os.getpid()}"
@@ -178,6 +180,7 @@ def wait_for_line(process: subprocess.Popen, text: str, timeout: float) -> None:
     raise AssertionError(f"'{text}' never appeared")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_writes_checkpoint_and_resume_continues(tmp_path: str, sig: int) -> None:
     marker = f"signal-{int(sig)}-{os.getpid()}"
@@ -206,6 +209,7 @@ def test_signal_writes_checkpoint_and_resume_continues(tmp_path: str, sig: int) 
     assert load_file(path)["update"] == saved + 2
 
 
+@pytest.mark.slow
 def test_sigkill_leaves_a_usable_checkpoint(tmp_path: str) -> None:
     marker = f"sigkill-{os.getpid()}"
     raw = dict(GOOD, updates=10_000, checkpoint_interval=1)
@@ -226,6 +230,7 @@ def test_sigkill_leaves_a_usable_checkpoint(tmp_path: str) -> None:
     assert not [name for name in os.listdir(os.path.dirname(path)) if name.startswith(".tmp-")]
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_and_keeps_the_last_good_update(tmp_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     config = small_config(updates=5, eval_interval=0)
     trainer = PPOTrainer(config, "nan", torch.device("cpu"), models_dir=str(tmp_path), summaries_dir=str(tmp_path))
@@ -245,6 +250,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_update(tmp_path: str, mon
     assert all(torch.isfinite(value).all() for value in checkpoint["model"].values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tool", ["enjoy", "resume"])
 def test_missing_and_foreign_model_files(tmp_path: str, tool: str) -> None:
     foreign = os.path.join(tmp_path, "foreign.nn")
@@ -266,6 +272,7 @@ def test_missing_and_foreign_model_files(tmp_path: str, tool: str) -> None:
         assert words in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_resume_with_a_mismatched_environment(tmp_path: str) -> None:
     result = run_train(tmp_path, f"--config={write_config(tmp_path, dict(GOOD, updates=1))}", "--run-id=shape")
     assert result.returncode == 0, result.stderr
@@ -275,6 +282,7 @@ def test_resume_with_a_mismatched_environment(tmp_path: str) -> None:
     assert "observations (3,)" in result.stderr and "(4,)" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_memory_gradients_with_plain_path_fails_at_start(tmp_path: str) -> None:
     path = write_config(tmp_path, GOOD)
     result = run_train(tmp_path, f"--config={path}", "--memory-path=plain", "--set=transformer.memory_gradients=true")
@@ -283,6 +291,7 @@ def test_memory_gradients_with_plain_path_fails_at_start(tmp_path: str) -> None:
     assert not os.path.exists(os.path.join(tmp_path, "summaries")), "nothing may start before the config is valid"
 
 
+@pytest.mark.slow
 def test_unwritable_models_folder_fails_at_start(tmp_path: str) -> None:
     with open(os.path.join(tmp_path, "models"), "w") as file:  # a file where the folder should be (root ignores chmod)
         file.write("in the way")
@@ -296,6 +305,7 @@ def current_rss_mb() -> float:
         return int(file.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+@pytest.mark.slow
 def test_memory_stays_flat_over_many_updates(tmp_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     config = small_config(updates=20, eval_interval=5, checkpoint_interval=3, n_workers=8, worker_steps=32, sequence_length=16)
     trainer = PPOTrainer(config, "rss", torch.device("cpu"), models_dir=str(tmp_path), summaries_dir=str(tmp_path))
@@ -313,6 +323,7 @@ def test_memory_stays_flat_over_many_updates(tmp_path: str, monkeypatch: pytest.
     assert growth < 15, f"RSS grew by {growth:.1f} MB from update 2 to 20: {rss}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["evaluation", "optimisation"])
 def test_any_error_after_an_update_keeps_a_checkpoint(tmp_path: str, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
     config = small_config(updates=4, eval_interval=1)
@@ -345,6 +356,7 @@ def test_any_error_after_an_update_keeps_a_checkpoint(tmp_path: str, monkeypatch
     assert os.path.isfile(os.path.join(tmp_path, "bug.nn"))
 
 
+@pytest.mark.slow
 def test_training_evaluations_play_the_same_episodes(
     tmp_path: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
@@ -368,6 +380,7 @@ def test_eval_video_needs_an_environment_that_renders() -> None:
     assert small_config(eval_video=True).eval_video
 
 
+@pytest.mark.slow
 def test_stopping_in_the_final_evaluation_says_so(tmp_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from trainer import PPOTrainer, TrainingStopped
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 import glob
 import os
 
+import pytest
 from conftest import train_small
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
 from lab.seeds import read_scalars
 
 
+@pytest.mark.slow
 def test_summaries_hold_spread_values_time_and_hparams(tmp_path: str) -> None:
     trainer = train_small(tmp_path, "logged", 2)
     folder = trainer.summary_dir

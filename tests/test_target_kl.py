@@ -106,6 +106,7 @@ def test_target_kl_must_not_be_negative() -> None:
         small_config(target_kl=-0.01)
 
 
+@pytest.mark.slow
 def test_resume_takes_the_optimizer_settings_from_the_config(tmp_path: str) -> None:
     first = train_small(tmp_path, "run", 1)
     checkpoint = torch.load(first.checkpoint_path, weights_only=True)
@@ -151,6 +152,7 @@ def test_adam_epsilon_schedule_sets_the_epsilon_each_update_steps_with() -> None
     assert moved["scheduled"] < 0.1 * moved["constant"]
 
 
+@pytest.mark.slow
 def test_adam_epsilon_schedule_resumes_exactly(tmp_path: str) -> None:
     # The epsilon changes between the two updates before the checkpoint and the two after it.
     resume_matches_uninterrupted(

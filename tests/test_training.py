@@ -64,6 +64,7 @@ def test_rollout_bookkeeping_at_episode_ends(tmp_path: str) -> None:
         trainer.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", CONFIGS, ids=[os.path.basename(p) for p in CONFIGS])
 def test_train_smoke_every_config(path: str, tmp_path: str) -> None:
     overrides = ["updates=1", "n_workers=2", "worker_steps=8", "n_mini_batch=1", "sequence_length=0", "epochs=1"]
@@ -76,6 +77,7 @@ def test_train_smoke_every_config(path: str, tmp_path: str) -> None:
     assert glob.glob(os.path.join(tmp_path, "summaries", "smoke", "*", "events.out.tfevents.*"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("memory", ["trxl", "gru", "none"])
 def test_enjoy_runs_a_trained_model(tmp_path: str, memory: str) -> None:
     config = os.path.join(ROOT, "configs", "poc_memory_env.yaml")
@@ -94,6 +96,7 @@ def test_enjoy_runs_a_trained_model(tmp_path: str, memory: str) -> None:
         assert attention.returncode == 2 and f"memory is '{memory}'" in attention.stderr
 
 
+@pytest.mark.slow
 def test_poc_memory_task_is_learned(tmp_path: str) -> None:
     """The proof-of-memory task needs memory: without it the agent can only guess (success ~0.5)."""
     from config import load_config
@@ -106,6 +109,7 @@ def test_poc_memory_task_is_learned(tmp_path: str) -> None:
     assert means["success"] >= 0.95, means
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("memory,solved", [("gru", True), ("none", False)])
 def test_poc_memory_task_needs_a_memory_gru_learns_it(tmp_path: str, memory: str, solved: bool) -> None:
     """A GRU solves the proof-of-memory task with the recurrent sister repository's settings; without a memory the

@@ -51,6 +51,7 @@ def test_score_auc_and_final() -> None:
     assert tune.score(curve, "final") == 1.0  # the last quarter, 2 updates
 
 
+@pytest.mark.slow
 def test_tiny_search_end_to_end(tmp_path: str) -> None:
     result = run_tune(str(tmp_path), "tiny", trials=2)
     assert result.returncode == 0, result.stderr
@@ -79,6 +80,7 @@ def test_tiny_search_end_to_end(tmp_path: str) -> None:
             assert "update    2/2" in log
 
 
+@pytest.mark.slow
 def test_interrupted_study_continues(tmp_path: str) -> None:
     folder = os.path.join(tmp_path, "results", "tune", "again")
     os.makedirs(folder)
@@ -97,6 +99,7 @@ def test_interrupted_study_continues(tmp_path: str) -> None:
     assert study.trials[1].params == left.params  # the interrupted trial's values, trained again
 
 
+@pytest.mark.slow  # trains its seeds as train.py subprocesses
 def test_pruning_stops_the_seeds(tmp_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     with open("search.yaml", "w") as file:
@@ -117,6 +120,7 @@ def test_pruning_stops_the_seeds(tmp_path: str, monkeypatch: pytest.MonkeyPatch)
         assert "update    1/400" in log and "update  400/400" not in log
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "search,expected",
     [
@@ -174,6 +178,7 @@ def test_warmup_defaults_to_no_pruning_for_the_final_objective(flags: list[str],
     assert tune.Study(args, base, {}, tune.config_path(args["--config"])).warmup == warmup
 
 
+@pytest.mark.slow
 def test_values_sampled_again_are_not_trained_again(tmp_path: str) -> None:
     """A space of one value: the base config is trial 0, trial 1 samples the same values and takes its score."""
     result = run_tune(str(tmp_path), "again", trials=2, search="transformer.query_position: {choices: [true]}\n")
