@@ -262,7 +262,8 @@ TRANSFORMER_SCHEMA: dict[str, tuple] = {
         False,
         None,
         "also add ALiBi's fixed recency bias (-slope x distance per head) to the attention scores, on top of a "
-        "relative, learned or rotary positional_encoding (alibi has it already)",
+        "`relative`, `learned` or `rotary` `positional_encoding` (`alibi` has it already; setting both is refused): "
+        "attention knows when in the episode a step was and prefers recent steps",
     ),
     "positional_values": (
         bool,
