@@ -19,6 +19,8 @@ Options:
                        the auc objective, 1 for final, whose early curve does not tell the end).
   --set=<key=value>    Override a config key in every trial, as in train.py (repeatable).
   --cpu                Train on the CPU even where CUDA is available.
+  --force-continue     Continue a study whose --config, --set, --seeds, --objective or search file differ from those
+                       it was started with (refused otherwise: its earlier scores were measured under those).
   -h --help            Show this help.
 
 A search file maps config keys (dotted, as --set writes them) to a range or a list of choices:
@@ -29,7 +31,9 @@ A search file maps config keys (dotted, as --set writes them) to a range or a li
 
 The metric of an update is the success rate of its finished episodes where the task reports one, else their mean
 reward. A trial's score is the interquartile mean over its seeds of each seed's objective. A new study's first
-trial is the base config as it is (where its values lie in the search space). TPE samples the keys; a median
+trial is the base config as it is (where its values lie in the search space). A study records the settings it was
+started with (the base config with its --sets, --seeds, --objective and the search space); running its id again with
+others is refused, naming each difference, unless --force-continue is given. TPE samples the keys; a median
 pruner stops a trial whose running score (the objective of the updates so far) falls below the median of earlier
 trials at the same update. Values sampled again (TPE does, in a small space of choices) are not trained again: the
 trial takes the earlier trial's score, or is pruned as it was. Trials skip the periodic evaluations (eval_interval
@@ -59,7 +63,7 @@ import optuna
 import yaml
 
 from cli import ROOT, parse_args
-from config import ConfigError, apply_overrides, parse_overrides, read_yaml, validate_config
+from config import ConfigError, apply_overrides, flatten, parse_overrides, read_yaml, validate_config
 from evaluation import interquartile_mean
 from lab.experiment import check_run_id, number
 from lab.seeds import child_environment
@@ -77,6 +81,10 @@ STOPPING = threading.Event()  # set on Ctrl-C/SIGTERM: trials running in worker 
 
 class SearchError(ValueError):
     """The search file is missing, malformed or names a key the config does not take."""
+
+
+class SettingsError(ValueError):
+    """A study is continued with other settings than it was started with."""
 
 
 def read_mapping(path: str, what: str, example: str) -> dict:
@@ -299,6 +307,62 @@ class Study:
         return value
 
 
+def recorded_settings(settings: Study) -> dict:
+    """What makes a study's scores comparable: the base config with its --sets, the seeds, the objective and the
+    search space, as JSON (the form they are stored in)."""
+    recorded = {"config": settings.path, "sets": settings.sets, "base": settings.base, "seeds": settings.seeds,
+                "objective": settings.objective, "search": settings.space}  # fmt: skip
+    return json.loads(json.dumps(recorded))
+
+
+def settings_differences(then: dict, now: dict) -> list[str]:
+    """Each way the settings ``now`` differ from those a study was started with (``then``), as a line for an error.
+    The config's path alone does not count: the same config moved gives the same trials."""
+    differences = []
+    for what, old, new in (("config key", flatten(then["base"]), flatten(now["base"])),
+                           ("search key", then["search"], now["search"])):  # fmt: skip
+        for key in sorted(set(old) | set(new)):
+            if old.get(key, "absent") != new.get(key, "absent"):
+                differences.append(f"{what} '{key}': {old.get(key, 'absent')!r} then, {new.get(key, 'absent')!r} now")
+    if differences and (then["config"], then["sets"]) != (now["config"], now["sets"]):
+        differences.insert(
+            0, f"config '{then['config']}' with --set {then['sets']} then, '{now['config']}' with --set {now['sets']} now"
+        )
+    for flag in ("seeds", "objective"):
+        if then[flag] != now[flag]:
+            differences.append(f"--{flag}: {then[flag]!r} then, {now[flag]!r} now")
+    return differences
+
+
+def check_settings(study: optuna.Study, settings: Study, force: bool) -> None:
+    """Record a new study's settings; refuse to continue a study under other settings (``SettingsError``) unless
+    ``force``, which records the new settings and when they changed. A study from before settings were recorded
+    takes the current ones."""
+    now = recorded_settings(settings)
+    then = study.user_attrs.get("settings")
+    if then is None:
+        if study.get_trials(deepcopy=False):
+            print(f"study {settings.id} holds no record of its settings (started before they were recorded): "
+                  "recording the current ones", flush=True)  # fmt: skip
+        study.set_user_attr("settings", now)
+        return
+    differences = settings_differences(then, now)
+    if not differences:
+        return
+    if not force:
+        raise SettingsError(
+            f"study '{settings.id}' was started with other settings, and its {len(study.get_trials(deepcopy=False))} "
+            "trials were scored under them:\n  " + "\n  ".join(differences) + "\nrun the study's own settings to "
+            "continue it, give these a new study (--study=<new id>), or add --force-continue to continue it anyway "
+            "(its earlier scores then mix with the new ones)"
+        )
+    forced = study.user_attrs.get("forced_continue", [])
+    forced.append({"after_trials": len(study.get_trials(deepcopy=False)), "differences": differences})
+    study.set_user_attr("forced_continue", forced)
+    study.set_user_attr("settings", now)
+    print(f"study {settings.id} continues under other settings (--force-continue): " + "; ".join(differences), flush=True)
+
+
 def scored_before(trial: optuna.Trial) -> optuna.trial.FrozenTrial | None:
     """The first finished or pruned trial of the study with the same values as ``trial`` (never itself a repeat), or
     None. Every trial trains the same seeds, so on the CPU the same values train the same curves, bit for bit."""
@@ -339,7 +403,8 @@ def report(study: optuna.Study, settings: Study) -> dict:
         if trial.state.name.lower() in states:
             states[trial.state.name.lower()] += 1
     summary = {"study": settings.id, "config": settings.path, "sets": settings.sets, "objective": settings.objective,
-               "seeds": settings.seeds, "trials": states, "best": None}  # fmt: skip
+               "seeds": settings.seeds, "trials": states, "best": None,
+               "forced_continue": study.user_attrs.get("forced_continue", [])}  # fmt: skip
     if not complete:
         return summary
     best = max(complete, key=lambda trial: trial.value)
@@ -351,6 +416,9 @@ def report(study: optuna.Study, settings: Study) -> dict:
             f"{settings.seeds} seeds), from {settings.path} with {', '.join(settings.sets) or 'no --set'}.\n"
             f"# Searched: {', '.join(settings.space)}. Report: {settings.folder}/trials.md\n"
         )
+        for change in study.user_attrs.get("forced_continue", []):
+            file.write(f"# Continued under other settings (--force-continue) after {change['after_trials']} trials, "
+                       f"scored before under: {'; '.join(change['differences'])}\n")  # fmt: skip
         yaml.safe_dump(config, file, sort_keys=False)
     firsts = {}  # each set of values once, as first scored (studies before 2026-12-03 trained repeats again)
     for trial in complete:
@@ -450,6 +518,11 @@ def main(argv: list[str] | None = None) -> int:
         direction="maximize",
         pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=int(settings.warmup * settings.updates)),
     )
+    try:
+        check_settings(study, settings, bool(args["--force-continue"]))
+    except SettingsError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     # Seeded by the trials so far: a continued study draws new values, not the first invocation's again.
     study.sampler = optuna.samplers.TPESampler(seed=len(study.get_trials(deepcopy=False)))
     if not study.get_trials(deepcopy=False):  # a new study: its first trial is the config as it is

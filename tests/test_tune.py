@@ -27,12 +27,19 @@ SEARCH = (
 )
 
 
-def run_tune(folder: str, study: str, trials: int, updates: int = 2, search: str = SEARCH) -> subprocess.CompletedProcess:
+def tune_command(study: str, trials: int, updates: int = 2, extra: tuple[str, ...] = ()) -> list[str]:
+    command = [sys.executable, "-m", "lab.tune", "--config=configs/poc_memory_env.yaml", "--search=search.yaml"]
+    command += [f"--study={study}", f"--trials={trials}", "--cpu", f"--set=updates={updates}"]
+    command += [f"--set={s}" for s in SETS] + list(extra)
+    return command if any(flag.startswith("--seeds=") for flag in extra) else command + ["--seeds=2"]
+
+
+def run_tune(
+    folder: str, study: str, trials: int, updates: int = 2, search: str = SEARCH, extra: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess:
     with open(os.path.join(folder, "search.yaml"), "w") as file:
         file.write(search)
-    command = [sys.executable, "-m", "lab.tune", "--config=configs/poc_memory_env.yaml", "--search=search.yaml"]
-    command += [f"--study={study}", f"--trials={trials}", "--seeds=2", "--cpu", f"--set=updates={updates}"]
-    command += [f"--set={s}" for s in SETS]
+    command = tune_command(study, trials, updates, extra)
     return subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=300, env=module_environment())
 
 
@@ -186,3 +193,29 @@ def test_values_sampled_again_are_not_trained_again(tmp_path: str) -> None:
     assert not os.path.exists(os.path.join(tmp_path, "models", "tune", "again", "trial-1"))
     table = open(os.path.join(tmp_path, "results", "tune", "again", "trials.md")).read()
     assert "(1 more trials repeated values scored before)" in table and "| 1 |" not in table
+
+
+def test_a_study_continued_under_other_settings_is_refused(tmp_path: str) -> None:
+    """A study records its settings when it starts; another --set, --seeds, --objective or
+    search space is refused with each difference named, and --force-continue continues it, recording the change."""
+    assert run_tune(str(tmp_path), "kept", trials=1).returncode == 0
+    same = run_tune(str(tmp_path), "kept", trials=1)  # the same settings: nothing left to run
+    assert same.returncode == 0 and "1 of 1 trials done" in same.stdout, same.stderr
+    other = ("--seeds=3", "--objective=final")
+    search = SEARCH.replace("1.0e-3", "2.0e-3")
+    refused = run_tune(str(tmp_path), "kept", trials=1, updates=3, search=search, extra=other)
+    assert refused.returncode == 2
+    for text in ("study 'kept' was started with other settings", "config key 'updates': 2 then, 3 now",
+                 "search key 'learning_rate_schedule.initial'", "--seeds: 2 then, 3 now", "--objective: 'auc' then",
+                 "--study=<new id>", "--force-continue"):  # fmt: skip
+        assert text in refused.stderr, (text, refused.stderr)
+    forced = run_tune(str(tmp_path), "kept", trials=1, updates=3, search=search, extra=(*other, "--force-continue"))
+    assert forced.returncode == 0 and "continues under other settings (--force-continue)" in forced.stdout
+    study = optuna.load_study(study_name="kept", storage=f"sqlite:///{tmp_path}/results/tune/kept/study.db")
+    assert study.user_attrs["settings"]["seeds"] == 3 and study.user_attrs["settings"]["base"]["updates"] == 3
+    assert len(study.user_attrs["forced_continue"]) == 1
+    assert (
+        "Continued under other settings (--force-continue) after 1 trials"
+        in open(os.path.join(tmp_path, "results", "tune", "kept", "best.yaml")).read()
+    )
+    assert run_tune(str(tmp_path), "kept", trials=1, updates=3, search=search, extra=other).returncode == 0  # the new ones
