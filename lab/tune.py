@@ -40,6 +40,9 @@ trial takes the earlier trial's score, or is pruned as it was. Trials skip the p
 0) unless --set says otherwise. Seed k of trial n trains as run tune/<id>/trial-n/seed-k (models/ and summaries/
 as for train.py).
 
+Ctrl-C or SIGTERM stops a study within seconds: the running seeds are killed (their trials are trained again from the
+start on the next invocation, which continues the study); a seed that crashes fails its trial at once.
+
 At the end: results/tune/<id>/best.yaml (the base config with the best trial's values, a standalone config),
 trials.md (the best trials), importance.png (each key's importance for the score, by Optuna's default
 evaluator) and summary.json, whose content is also the last line printed.
@@ -52,6 +55,7 @@ import math
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -77,6 +81,17 @@ METRIC = re.compile(r"\s(reward|success)\s+(-?[\d.]+)")
 STOP_SECONDS = 60  # how long a stopped seed may take to save before it is killed
 TOP_TRIALS = 10  # rows of trials.md
 STOPPING = threading.Event()  # set on Ctrl-C/SIGTERM: trials running in worker threads (--jobs > 1) stop their seeds
+POLL_SECONDS = 0.2
+# A seed's train.py runs in a process group of its own (a terminal's Ctrl-C reaches tune.py alone, which stops it), so
+# a SIGKILL of tune.py would not reach it: this starts it in place of itself (execv keeps the pid) after asking Linux to
+# SIGKILL it when the thread that started it ends (PR_SET_PDEATHSIG, prctl option 1), or at once where that thread
+# ended already.
+GUARD = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None).prctl(1, signal.SIGKILL)\n"
+    "os.getppid() == int(sys.argv[1]) or os._exit(137)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])"
+)
 
 
 class SearchError(ValueError):
@@ -186,6 +201,8 @@ class SeedRun:
 
     def __init__(self, arguments: list[str], threads: int, log_path: str) -> None:
         os.makedirs(os.path.dirname(log_path), exist_ok=True)
+        if sys.platform == "linux":
+            arguments = [sys.executable, "-c", GUARD, str(os.getpid()), *arguments]
         self.curve: list[float] = []  # the metric of updates 1 .. len(curve) (the last known value where none ended)
         self.tail = ""
         self.log_path = log_path
@@ -217,6 +234,21 @@ class SeedRun:
                 self.process.kill()
                 self.process.wait()
         self.reader.join(timeout=10)
+
+    def kill(self) -> None:
+        """Kill the child and its environment workers at once: a stopped study retrains its trial from the start, so
+        the child's checkpoint is of no use, and a scheduler's SIGKILL follows its SIGTERM within seconds."""
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:  # it ended meanwhile
+                pass
+        self.process.wait()
+        self.reader.join(timeout=10)
+
+    def crashed(self) -> bool:
+        """Whether the child ended with an error (its siblings then need not train on)."""
+        return self.process.poll() not in (None, 0)
 
 
 class Study:
@@ -266,6 +298,10 @@ class Study:
             print(f"trial {trial.number}: {earlier.value:.4f}, the values of trial {earlier.number}: not trained again",
                   flush=True)  # fmt: skip
             return earlier.value
+        if STOPPING.is_set():  # interrupted while this trial was being sampled: start nothing
+            trial.set_user_attr("interrupted", True)
+            raise KeyboardInterrupt
+        trial.set_user_attr("owner", owner())
         logs = os.path.join("models", "tune", self.id, f"trial-{trial.number}")
         runs = [
             SeedRun(self.command(trial.number, k, values), self.threads, os.path.join(logs, f"seed-{k}.log"))
@@ -275,9 +311,12 @@ class Study:
         started, reported = time.time(), 0
         try:
             while any(run.reader.is_alive() for run in runs) or min(len(run.curve) for run in runs) > reported:
-                time.sleep(0.2)
+                time.sleep(POLL_SECONDS)
                 if STOPPING.is_set():  # the main thread was interrupted while this trial ran in a worker thread
                     raise KeyboardInterrupt
+                crashed = [k for k, run in enumerate(runs) if run.crashed()]
+                if crashed:  # the trial fails now, not when its other seeds have trained to the end
+                    raise RuntimeError(failure(crashed[0], runs[crashed[0]]))
                 done = min(len(run.curve) for run in runs)
                 if done > reported:
                     reported = done
@@ -285,8 +324,9 @@ class Study:
                     if done < self.updates and trial.should_prune():
                         raise optuna.TrialPruned(f"pruned at update {done}")
         except BaseException as error:
+            stop = SeedRun.stop if isinstance(error, optuna.TrialPruned) else SeedRun.kill  # a pruned trial's seeds save
             for run in runs:
-                run.stop()
+                stop(run)
             if isinstance(error, optuna.TrialPruned):
                 print(f"trial {trial.number}: {error}", flush=True)
             elif isinstance(error, KeyboardInterrupt):
@@ -297,8 +337,7 @@ class Study:
             run.reader.join(timeout=10)
         failed = [(k, run) for k, run in enumerate(runs) if run.process.returncode != 0 or len(run.curve) < self.updates]
         if failed:
-            k, run = failed[0]
-            raise RuntimeError(f"seed {k} failed (exit code {run.process.returncode}): {run.tail} (log {run.log_path})")
+            raise RuntimeError(failure(*failed[0]))
         per_seed = [score(run.curve, self.objective) for run in runs]
         trial.set_user_attr("per_seed", per_seed)
         trial.set_user_attr("seconds", round(time.time() - started))
@@ -363,6 +402,35 @@ def check_settings(study: optuna.Study, settings: Study, force: bool) -> None:
     print(f"study {settings.id} continues under other settings (--force-continue): " + "; ".join(differences), flush=True)
 
 
+def failure(k: int, run: SeedRun) -> str:
+    """Why seed ``k`` failed, for the trial's error: its exit code and last line, and where its log is."""
+    run.reader.join(timeout=10)  # its last lines
+    return f"seed {k} failed (exit code {run.process.returncode}): {run.tail} (log {run.log_path})"
+
+
+def owner() -> dict:
+    """The process running a trial, so that another tune.py on the same study can tell a live trial from one left
+    running by a killed process."""
+    return {"host": socket.gethostname(), "pid": os.getpid()}
+
+
+def owner_alive(trial: optuna.trial.FrozenTrial) -> bool:
+    """Whether the process that runs ``trial`` lives (another tune.py on this study); a trial of another machine
+    counts as alive, since its process cannot be checked from here."""
+    running = trial.user_attrs.get("owner")
+    if running is None or running["pid"] == os.getpid():
+        return False
+    if running["host"] != socket.gethostname():
+        return True
+    try:
+        os.kill(running["pid"], 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process of that pid
+        return True
+    return True
+
+
 def scored_before(trial: optuna.Trial) -> optuna.trial.FrozenTrial | None:
     """The first finished or pruned trial of the study with the same values as ``trial`` (never itself a repeat), or
     None. Every trial trains the same seeds, so on the CPU the same values train the same curves, bit for bit."""
@@ -374,18 +442,30 @@ def scored_before(trial: optuna.Trial) -> optuna.trial.FrozenTrial | None:
 
 
 def requeue_unfinished(study: optuna.Study) -> int:
-    """Trials left running by a killed process, or interrupted, are failed and their values queued again (once)."""
+    """Trials left running by a killed process, or interrupted, are failed and their values queued again (once), the
+    base config's still marked as such. Trials that another live tune.py runs are left to it."""
     count = 0
     for trial in study.get_trials(deepcopy=False):
-        running = trial.state == optuna.trial.TrialState.RUNNING
+        running = trial.state == optuna.trial.TrialState.RUNNING and not owner_alive(trial)
         interrupted = trial.state == optuna.trial.TrialState.FAIL and trial.user_attrs.get("interrupted")
         if (running or interrupted) and not study.user_attrs.get(f"requeued-{trial.number}"):
             if running:
                 study._storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
-            study.enqueue_trial(trial.params, skip_if_exists=False)
+            study.enqueue_trial(
+                trial.params, user_attrs={"base": True} if trial.user_attrs.get("base") else None, skip_if_exists=False
+            )
             study.set_user_attr(f"requeued-{trial.number}", True)
             count += 1
     return count
+
+
+def mark_interrupted(study: optuna.Study) -> None:
+    """This process's trials still running after an interrupt (a worker thread that had not reached its handler), failed
+    and marked interrupted, so that the next invocation queues them again without waiting for them to look dead."""
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        if trial.user_attrs.get("owner") == owner():
+            study._storage.set_trial_user_attr(trial._trial_id, "interrupted", True)
+            study._storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
 
 
 def counted(study: optuna.Study) -> int:
@@ -545,6 +625,7 @@ def main(argv: list[str] | None = None) -> int:
             study.optimize(settings, n_trials=remaining, n_jobs=settings.jobs, catch=(RuntimeError,))
     except KeyboardInterrupt:
         STOPPING.set()
+        mark_interrupted(study)
         print("interrupted: run the same command again to continue the study", file=sys.stderr)
         return 130
     finally:
@@ -560,6 +641,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
+    """Ctrl-C and SIGTERM: the trials in worker threads (--jobs > 1) see STOPPING at once, not after study.optimize
+    returns, which waits for them."""
+    STOPPING.set()
     raise KeyboardInterrupt
 
 
