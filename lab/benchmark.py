@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -58,7 +57,7 @@ import observations
 from cli import ROOT, module_environment, parse_args, shipped_path
 from config import MEMORY_TYPES, ConfigError, check_memory_path, load_config, parse_overrides
 from lab.gpu_check import parse_sizes, run_checks
-from lab.measure import measure
+from lab.measure import measure, peak_rss_mb
 from model import ActorCriticModel
 from worker import Workers
 
@@ -93,7 +92,7 @@ def long_episode(config_path: str, overrides: dict, steps: int, device: torch.de
                 if step in marks:
                     result["marks"][str(step)] = {
                         "sps": n * window / (now - window_start),
-                        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                        "peak_rss_mb": peak_rss_mb(),
                     }
                 window_start = now
     result["state_bytes_per_worker"] = sum(t.numel() * t.element_size() for t in state.state_dict().values()) / n

@@ -1,17 +1,23 @@
 """The one command for a machine with a GPU (``python -m lab.benchmark --gpu-check``): does everything work there, and how
 fast is it? With ``--cpu`` the same checks run on the CPU, so that CI runs them and on a GPU only the device differs.
 
-Checks, each true or false in the JSON last line:
+Checks, each true, false or "skipped" (it cannot run on this device) in the JSON last line, whose ``passed`` is true
+only if every check that ran passed. All but ``poc_learns`` run the PoC with the transformer's shipped defaults
+(``TRANSFORMER_DEFAULTS``: relative positions, memory_gradients, query_position, no positional_values):
 - ``poc_learns``: the proof-of-memory task trained on the device reaches a training success of at least 0.9;
-- ``fast_equals_plain``: on a rollout collected on the device, the fast and the plain memory path give the same
-  logits and values, and both reproduce the rollout's values (PPO ratios start at 1);
+- ``fast_equals_plain``: on a rollout collected on the device, with memory_gradients off (the plain path has none), the
+  fast and the plain memory path give the same logits and values, and both reproduce the rollout's values (PPO ratios
+  start at 1); with memory_gradients on (fast path only), the training forward reproduces the rollout's
+  log-probabilities and values;
 - ``cpu_matches_device``: the same weights and minibatch give the same loss on the CPU and on the device (TF32 off);
+  skipped with ``--cpu``, where it would compare the CPU with itself;
 - ``bfloat16``: two updates with ``compute_dtype: bfloat16`` give finite losses;
-- ``compile``: two updates with ``compile: true`` run compiled graphs (not a silent fallback to eager);
+- ``compile``: two updates of the training step with ``compile: true`` run compiled graphs, and no frame fell back to
+  eager (a compile error or the recompile limit); the details count graphs, frames and recompiles;
 - ``torchrun``: train.py through torchrun in a process group (NCCL on CUDA, gloo on the CPU) writes its model: two
   processes on a machine with two GPUs or more, else one (its collectives then run over one rank, through NCCL still).
 Then a table: steps/s and peak GPU memory (peak resident memory on the CPU) of the Mortar Mayhem Grid config at each
-size for TrXL and GRU.
+size for TrXL and GRU, each row measured in a process of its own, so that its peak is its own.
 """
 
 from __future__ import annotations
@@ -27,9 +33,8 @@ import time
 
 import torch
 
-from cli import ROOT
-from config import load_config
-from lab.measure import measure
+from cli import ROOT, module_environment
+from config import TRANSFORMER_SCHEMA, load_config
 from model import ActorCriticModel
 from ppo import forward_minibatch, ppo_loss
 from trainer import PPOTrainer
@@ -39,6 +44,13 @@ TABLE_CONFIG = os.path.join(ROOT, "configs", "mortar_mayhem_grid.yaml")
 POC_UPDATES = 15  # the shipped config's seeds reach success 0.9 after 4-5 updates (docs/results.md)
 TOLERANCE = 1e-4
 SMALL = {"n_workers": 4, "worker_steps": 32, "n_mini_batch": 2, "updates": 2, "eval_interval": 0}
+# The PoC config switches off positions and memory gradients; what users train with is the schema's defaults of every
+# key but the transformer's size, so the checks run those.
+SIZES = ("num_blocks", "embed_dim", "num_heads", "memory_length")
+TRANSFORMER_DEFAULTS = {f"transformer.{key}": spec[1] for key, spec in TRANSFORMER_SCHEMA.items() if key not in SIZES}
+DEFAULTS = {**SMALL, **TRANSFORMER_DEFAULTS}
+SKIPPED = "skipped"
+ROW_SECONDS = 1800  # a table row on a slow machine; a hung child must not hang the check
 
 
 def trainer(device: torch.device, folder: str, path: str = "fast", **overrides: object) -> PPOTrainer:
@@ -71,7 +83,7 @@ def poc_learns(device: torch.device, folder: str) -> tuple[bool, dict]:
 
 
 def paths_agree(device: torch.device, folder: str) -> tuple[bool, dict]:
-    fast_trainer = trainer(device, folder, **SMALL)
+    fast_trainer = trainer(device, folder, **{**DEFAULTS, "transformer.memory_gradients": False})
     try:
         fast_trainer.rollout()
         fast = fast_trainer.model
@@ -88,13 +100,36 @@ def paths_agree(device: torch.device, folder: str) -> tuple[bool, dict]:
                 worst["rollout"] = max(worst["rollout"], (a.value - minibatch.values).abs().max().item())
     finally:
         fast_trainer.close()
+    worst["memory_gradients_rollout"] = memory_gradients_reproduce_the_rollout(device, folder)
     return max(worst.values()) < TOLERANCE, {key: float(f"{value:.2e}") for key, value in worst.items()}
 
 
-def cpu_matches(device: torch.device, folder: str) -> tuple[bool, dict]:
+def memory_gradients_reproduce_the_rollout(device: torch.device, folder: str) -> float:
+    """With memory_gradients (the default; the plain path has none to compare with) the training forward recomputes a
+    chunk's own memory tokens: with the rollout's weights it must give the rollout's log-probabilities and values. The
+    largest difference over the valid steps of every minibatch."""
+    run = trainer(device, folder, **DEFAULTS)
+    worst = 0.0
+    try:
+        run.rollout()
+        generator = torch.Generator().manual_seed(0)
+        for minibatch in run.buffer.minibatches(run.config.n_mini_batch, run.config.sequence_length, generator):
+            out = forward_minibatch(run.model, minibatch)  # with autograd, as in training
+            valid = torch.ones_like(minibatch.values, dtype=torch.bool) if minibatch.valid is None else minibatch.valid
+            log_probs = out.policy.log_prob(minibatch.actions).detach()
+            worst = max(worst, (log_probs - minibatch.log_probs)[valid].abs().max().item())
+            worst = max(worst, (out.value.detach() - minibatch.values)[valid].abs().max().item())
+    finally:
+        run.close()
+    return worst
+
+
+def cpu_matches(device: torch.device, folder: str) -> tuple[bool | str, dict]:
+    if device.type == "cpu":
+        return SKIPPED, {"reason": "the device is the CPU: nothing to compare it with"}
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    run = trainer(device, folder, **SMALL)
+    run = trainer(device, folder, **DEFAULTS)
     try:
         run.rollout()
         minibatch = next(iter(run.buffer.minibatches(run.config.n_mini_batch, run.config.sequence_length, torch.Generator())))
@@ -117,7 +152,7 @@ def cpu_matches(device: torch.device, folder: str) -> tuple[bool, dict]:
 
 
 def finite_updates(device: torch.device, folder: str, **overrides: object) -> tuple[bool, dict]:
-    run = trainer(device, folder, **SMALL, **overrides)
+    run = trainer(device, folder, **{**DEFAULTS, **overrides})
     try:
         losses = []
         for _ in range(2):
@@ -130,12 +165,22 @@ def finite_updates(device: torch.device, folder: str, **overrides: object) -> tu
 
 
 def compiled(device: torch.device, folder: str) -> tuple[bool, dict]:
+    """Two real updates with ``compile: true``; counts what torch._dynamo did meanwhile: graphs, frames compiled and
+    frames that fell back to eager (a compile error, or the recompile limit), and recompiles (compilations of a frame
+    beyond its first)."""
+    from torch._dynamo import convert_frame
     from torch._dynamo.utils import counters
 
     counters.clear()
+    before = dict(convert_frame.FRAME_COMPILE_COUNTER)  # compilations per frame (private; torch 2.13 has no public count)
     finite, details = finite_updates(device, folder, compile=True)
-    graphs = int(counters["stats"]["unique_graphs"])
-    return finite and graphs > 0, {**details, "compiled_graphs": graphs}
+    after = convert_frame.FRAME_COMPILE_COUNTER
+    recompiles = sum(count - before.get(frame, 0) - (frame not in before) for frame, count in after.items())
+    graphs, frames = int(counters["stats"]["unique_graphs"]), int(counters["frames"]["total"])
+    eager = frames - int(counters["frames"]["ok"])
+    details |= {"compiled_graphs": graphs, "frames": frames, "frames_eager": eager, "recompiles": recompiles,
+                "recompile_limit": torch._dynamo.config.recompile_limit}  # fmt: skip
+    return finite and graphs > 0 and eager == 0, details
 
 
 def torchrun(device: torch.device, folder: str) -> tuple[bool, dict]:
@@ -166,16 +211,30 @@ def torchrun(device: torch.device, folder: str) -> tuple[bool, dict]:
 
 def table(device: torch.device, sizes: list[tuple[int, int]]) -> list[dict]:
     """Steps/s and peak memory of the Mortar Mayhem Grid config for TrXL and GRU at each (workers, steps) size: one
-    update after a warm-up one, as lab/benchmark.py measures a path (lab/measure.py)."""
+    update after a warm-up one, as lab/benchmark.py measures a path (lab/measure.py), each in a child process, since a
+    process's peak resident memory is the largest of its lifetime."""
     rows = []
     for workers, steps in sizes:
         for memory in ("trxl", "gru"):
             size = {"n_workers": workers, "worker_steps": steps, "n_mini_batch": 8, "sequence_length": 0}
-            result = measure(TABLE_CONFIG, {**size, "memory": memory}, "fast", 1, device)
+            result = measure_row({**size, "memory": memory}, device)
             sps, peak = round(result["overall_sps"], 1), round(result.get("peak_cuda_mb", result["peak_rss_mb"]), 1)
             rows.append({"memory": memory, "workers": workers, "steps": steps, "sps": sps, "peak_mb": peak})
             print(f"  {memory:4s} {workers:3d} x {steps:4d}: {sps:9.1f} steps/s, peak {peak:8.1f} MB")
     return rows
+
+
+def measure_row(overrides: dict, device: torch.device) -> dict:
+    """lab/measure.py's result for one row, measured by ``python -m lab.benchmark --child=fast`` (killed with this
+    process's interrupt, as subprocess.run does)."""
+    command = [sys.executable, "-m", "lab.benchmark", "--child=fast", f"--config={TABLE_CONFIG}", "--updates=1"]
+    command += [f"--overrides={json.dumps(overrides)}"] + (["--cpu"] if device.type == "cpu" else [])
+    result = subprocess.run(command, capture_output=True, text=True, timeout=ROW_SECONDS, env=module_environment())
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"measuring {json.dumps(overrides)} failed (exit code {result.returncode}):\n{result.stderr[-4000:]}"
+        )
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 CHECKS = {
@@ -200,14 +259,15 @@ def run_checks(device: torch.device, sizes: list[tuple[int, int]]) -> dict:
                 checks[check], details[check] = function(device, folder)
             except Exception as error:  # a check that crashes fails; the others still run
                 checks[check], details[check] = False, {"error": f"{type(error).__name__}: {error}"}
-        print(f"  {check:20s} {'ok' if checks[check] else 'FAILED'}  {json.dumps(details[check])}", flush=True)
+        shown = SKIPPED if checks[check] == SKIPPED else "ok" if checks[check] else "FAILED"
+        print(f"  {check:20s} {shown}  {json.dumps(details[check])}", flush=True)
     print(f"steps/s and peak memory, {os.path.relpath(TABLE_CONFIG, ROOT)}:", flush=True)
     rows = table(device, sizes)
     return {
         "device": name,
         "torch": torch.__version__,
         "checks": checks,
-        "passed": all(checks.values()),
+        "passed": all(result is True for result in checks.values() if result != SKIPPED),
         "details": details,
         "table": rows,
         "seconds": round(time.perf_counter() - started, 1),

@@ -19,6 +19,20 @@ from ppo import forward_minibatch
 from trainer import PPOTrainer
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident memory in MB. On Linux the high-water mark of its own address space (VmHWM), which a
+    new program starts afresh; getrusage's ru_maxrss, the fallback elsewhere, keeps the peak of the parent a child was
+    forked from, so a child of a large process would report the parent's peak."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def matmul_peak_gflops(device: torch.device, size: int = 2048, repeats: int = 5) -> float:
     """Float32 matrix-product GFLOP/s of this machine (best of ``repeats``)."""
     a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
@@ -91,7 +105,7 @@ def measure(config_path: str, overrides: dict, path: str, updates: int, device: 
         "rollout_sps": steps / rollout_s,
         "train_sps": steps / train_s,
         "overall_sps": overall,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": peak_rss_mb(),
         "mflop_per_step": mflop,
         "peak_fraction": mflop * 1e6 * overall / (peak * 1e9),
         "matmul_gflops": peak,

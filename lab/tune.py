@@ -19,6 +19,8 @@ Options:
                        the auc objective, 1 for final, whose early curve does not tell the end).
   --set=<key=value>    Override a config key in every trial, as in train.py (repeatable).
   --cpu                Train on the CPU even where CUDA is available.
+  --force-continue     Continue a study whose --config, --set, --seeds, --objective or search file differ from those
+                       it was started with (refused otherwise: its earlier scores were measured under those).
   -h --help            Show this help.
 
 A search file maps config keys (dotted, as --set writes them) to a range or a list of choices:
@@ -29,12 +31,17 @@ A search file maps config keys (dotted, as --set writes them) to a range or a li
 
 The metric of an update is the success rate of its finished episodes where the task reports one, else their mean
 reward. A trial's score is the interquartile mean over its seeds of each seed's objective. A new study's first
-trial is the base config as it is (where its values lie in the search space). TPE samples the keys; a median
+trial is the base config as it is (where its values lie in the search space). A study records the settings it was
+started with (the base config with its --sets, --seeds, --objective and the search space); running its id again with
+others is refused, naming each difference, unless --force-continue is given. TPE samples the keys; a median
 pruner stops a trial whose running score (the objective of the updates so far) falls below the median of earlier
 trials at the same update. Values sampled again (TPE does, in a small space of choices) are not trained again: the
 trial takes the earlier trial's score, or is pruned as it was. Trials skip the periodic evaluations (eval_interval
 0) unless --set says otherwise. Seed k of trial n trains as run tune/<id>/trial-n/seed-k (models/ and summaries/
 as for train.py).
+
+Ctrl-C or SIGTERM stops a study within seconds: the running seeds are killed (their trials are trained again from the
+start on the next invocation, which continues the study); a seed that crashes fails its trial at once.
 
 At the end: results/tune/<id>/best.yaml (the base config with the best trial's values, a standalone config),
 trials.md (the best trials), importance.png (each key's importance for the score, by Optuna's default
@@ -48,6 +55,7 @@ import math
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -59,7 +67,7 @@ import optuna
 import yaml
 
 from cli import ROOT, parse_args
-from config import ConfigError, apply_overrides, parse_overrides, read_yaml, validate_config
+from config import ConfigError, apply_overrides, flatten, parse_overrides, read_yaml, validate_config
 from evaluation import interquartile_mean
 from lab.experiment import check_run_id, number
 from lab.seeds import child_environment
@@ -73,10 +81,25 @@ METRIC = re.compile(r"\s(reward|success)\s+(-?[\d.]+)")
 STOP_SECONDS = 60  # how long a stopped seed may take to save before it is killed
 TOP_TRIALS = 10  # rows of trials.md
 STOPPING = threading.Event()  # set on Ctrl-C/SIGTERM: trials running in worker threads (--jobs > 1) stop their seeds
+POLL_SECONDS = 0.2
+# A seed's train.py runs in a process group of its own (a terminal's Ctrl-C reaches tune.py alone, which stops it), so
+# a SIGKILL of tune.py would not reach it: this starts it in place of itself (execv keeps the pid) after asking Linux to
+# SIGKILL it when the thread that started it ends (PR_SET_PDEATHSIG, prctl option 1), or at once where that thread
+# ended already.
+GUARD = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None).prctl(1, signal.SIGKILL)\n"
+    "os.getppid() == int(sys.argv[1]) or os._exit(137)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])"
+)
 
 
 class SearchError(ValueError):
     """The search file is missing, malformed or names a key the config does not take."""
+
+
+class SettingsError(ValueError):
+    """A study is continued with other settings than it was started with."""
 
 
 def read_mapping(path: str, what: str, example: str) -> dict:
@@ -178,6 +201,8 @@ class SeedRun:
 
     def __init__(self, arguments: list[str], threads: int, log_path: str) -> None:
         os.makedirs(os.path.dirname(log_path), exist_ok=True)
+        if sys.platform == "linux":
+            arguments = [sys.executable, "-c", GUARD, str(os.getpid()), *arguments]
         self.curve: list[float] = []  # the metric of updates 1 .. len(curve) (the last known value where none ended)
         self.tail = ""
         self.log_path = log_path
@@ -209,6 +234,21 @@ class SeedRun:
                 self.process.kill()
                 self.process.wait()
         self.reader.join(timeout=10)
+
+    def kill(self) -> None:
+        """Kill the child and its environment workers at once: a stopped study retrains its trial from the start, so
+        the child's checkpoint is of no use, and a scheduler's SIGKILL follows its SIGTERM within seconds."""
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:  # it ended meanwhile
+                pass
+        self.process.wait()
+        self.reader.join(timeout=10)
+
+    def crashed(self) -> bool:
+        """Whether the child ended with an error (its siblings then need not train on)."""
+        return self.process.poll() not in (None, 0)
 
 
 class Study:
@@ -258,6 +298,10 @@ class Study:
             print(f"trial {trial.number}: {earlier.value:.4f}, the values of trial {earlier.number}: not trained again",
                   flush=True)  # fmt: skip
             return earlier.value
+        if STOPPING.is_set():  # interrupted while this trial was being sampled: start nothing
+            trial.set_user_attr("interrupted", True)
+            raise KeyboardInterrupt
+        trial.set_user_attr("owner", owner())
         logs = os.path.join("models", "tune", self.id, f"trial-{trial.number}")
         runs = [
             SeedRun(self.command(trial.number, k, values), self.threads, os.path.join(logs, f"seed-{k}.log"))
@@ -267,9 +311,12 @@ class Study:
         started, reported = time.time(), 0
         try:
             while any(run.reader.is_alive() for run in runs) or min(len(run.curve) for run in runs) > reported:
-                time.sleep(0.2)
+                time.sleep(POLL_SECONDS)
                 if STOPPING.is_set():  # the main thread was interrupted while this trial ran in a worker thread
                     raise KeyboardInterrupt
+                crashed = [k for k, run in enumerate(runs) if run.crashed()]
+                if crashed:  # the trial fails now, not when its other seeds have trained to the end
+                    raise RuntimeError(failure(crashed[0], runs[crashed[0]]))
                 done = min(len(run.curve) for run in runs)
                 if done > reported:
                     reported = done
@@ -277,8 +324,9 @@ class Study:
                     if done < self.updates and trial.should_prune():
                         raise optuna.TrialPruned(f"pruned at update {done}")
         except BaseException as error:
+            stop = SeedRun.stop if isinstance(error, optuna.TrialPruned) else SeedRun.kill  # a pruned trial's seeds save
             for run in runs:
-                run.stop()
+                stop(run)
             if isinstance(error, optuna.TrialPruned):
                 print(f"trial {trial.number}: {error}", flush=True)
             elif isinstance(error, KeyboardInterrupt):
@@ -289,14 +337,98 @@ class Study:
             run.reader.join(timeout=10)
         failed = [(k, run) for k, run in enumerate(runs) if run.process.returncode != 0 or len(run.curve) < self.updates]
         if failed:
-            k, run = failed[0]
-            raise RuntimeError(f"seed {k} failed (exit code {run.process.returncode}): {run.tail} (log {run.log_path})")
+            raise RuntimeError(failure(*failed[0]))
         per_seed = [score(run.curve, self.objective) for run in runs]
         trial.set_user_attr("per_seed", per_seed)
         trial.set_user_attr("seconds", round(time.time() - started))
         value = interquartile_mean(per_seed)
         print(f"trial {trial.number}: {value:.4f} (seeds {', '.join(f'{v:.3f}' for v in per_seed)})", flush=True)
         return value
+
+
+def recorded_settings(settings: Study) -> dict:
+    """What makes a study's scores comparable: the base config with its --sets, the seeds, the objective and the
+    search space, as JSON (the form they are stored in)."""
+    recorded = {"config": settings.path, "sets": settings.sets, "base": settings.base, "seeds": settings.seeds,
+                "objective": settings.objective, "search": settings.space}  # fmt: skip
+    return json.loads(json.dumps(recorded))
+
+
+def settings_differences(then: dict, now: dict) -> list[str]:
+    """Each way the settings ``now`` differ from those a study was started with (``then``), as a line for an error.
+    The config's path alone does not count: the same config moved gives the same trials."""
+    differences = []
+    for what, old, new in (("config key", flatten(then["base"]), flatten(now["base"])),
+                           ("search key", then["search"], now["search"])):  # fmt: skip
+        for key in sorted(set(old) | set(new)):
+            if old.get(key, "absent") != new.get(key, "absent"):
+                differences.append(f"{what} '{key}': {old.get(key, 'absent')!r} then, {new.get(key, 'absent')!r} now")
+    if differences and (then["config"], then["sets"]) != (now["config"], now["sets"]):
+        differences.insert(
+            0, f"config '{then['config']}' with --set {then['sets']} then, '{now['config']}' with --set {now['sets']} now"
+        )
+    for flag in ("seeds", "objective"):
+        if then[flag] != now[flag]:
+            differences.append(f"--{flag}: {then[flag]!r} then, {now[flag]!r} now")
+    return differences
+
+
+def check_settings(study: optuna.Study, settings: Study, force: bool) -> None:
+    """Record a new study's settings; refuse to continue a study under other settings (``SettingsError``) unless
+    ``force``, which records the new settings and when they changed. A study from before settings were recorded
+    takes the current ones."""
+    now = recorded_settings(settings)
+    then = study.user_attrs.get("settings")
+    if then is None:
+        if study.get_trials(deepcopy=False):
+            print(f"study {settings.id} holds no record of its settings (started before they were recorded): "
+                  "recording the current ones", flush=True)  # fmt: skip
+        study.set_user_attr("settings", now)
+        return
+    differences = settings_differences(then, now)
+    if not differences:
+        return
+    if not force:
+        raise SettingsError(
+            f"study '{settings.id}' was started with other settings, and its {len(study.get_trials(deepcopy=False))} "
+            "trials were scored under them:\n  " + "\n  ".join(differences) + "\nrun the study's own settings to "
+            "continue it, give these a new study (--study=<new id>), or add --force-continue to continue it anyway "
+            "(its earlier scores then mix with the new ones)"
+        )
+    forced = study.user_attrs.get("forced_continue", [])
+    forced.append({"after_trials": len(study.get_trials(deepcopy=False)), "differences": differences})
+    study.set_user_attr("forced_continue", forced)
+    study.set_user_attr("settings", now)
+    print(f"study {settings.id} continues under other settings (--force-continue): " + "; ".join(differences), flush=True)
+
+
+def failure(k: int, run: SeedRun) -> str:
+    """Why seed ``k`` failed, for the trial's error: its exit code and last line, and where its log is."""
+    run.reader.join(timeout=10)  # its last lines
+    return f"seed {k} failed (exit code {run.process.returncode}): {run.tail} (log {run.log_path})"
+
+
+def owner() -> dict:
+    """The process running a trial, so that another tune.py on the same study can tell a live trial from one left
+    running by a killed process."""
+    return {"host": socket.gethostname(), "pid": os.getpid()}
+
+
+def owner_alive(trial: optuna.trial.FrozenTrial) -> bool:
+    """Whether the process that runs ``trial`` lives (another tune.py on this study); a trial of another machine
+    counts as alive, since its process cannot be checked from here."""
+    running = trial.user_attrs.get("owner")
+    if running is None or running["pid"] == os.getpid():
+        return False
+    if running["host"] != socket.gethostname():
+        return True
+    try:
+        os.kill(running["pid"], 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process of that pid
+        return True
+    return True
 
 
 def scored_before(trial: optuna.Trial) -> optuna.trial.FrozenTrial | None:
@@ -310,18 +442,30 @@ def scored_before(trial: optuna.Trial) -> optuna.trial.FrozenTrial | None:
 
 
 def requeue_unfinished(study: optuna.Study) -> int:
-    """Trials left running by a killed process, or interrupted, are failed and their values queued again (once)."""
+    """Trials left running by a killed process, or interrupted, are failed and their values queued again (once), the
+    base config's still marked as such. Trials that another live tune.py runs are left to it."""
     count = 0
     for trial in study.get_trials(deepcopy=False):
-        running = trial.state == optuna.trial.TrialState.RUNNING
+        running = trial.state == optuna.trial.TrialState.RUNNING and not owner_alive(trial)
         interrupted = trial.state == optuna.trial.TrialState.FAIL and trial.user_attrs.get("interrupted")
         if (running or interrupted) and not study.user_attrs.get(f"requeued-{trial.number}"):
             if running:
                 study._storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
-            study.enqueue_trial(trial.params, skip_if_exists=False)
+            study.enqueue_trial(
+                trial.params, user_attrs={"base": True} if trial.user_attrs.get("base") else None, skip_if_exists=False
+            )
             study.set_user_attr(f"requeued-{trial.number}", True)
             count += 1
     return count
+
+
+def mark_interrupted(study: optuna.Study) -> None:
+    """This process's trials still running after an interrupt (a worker thread that had not reached its handler), failed
+    and marked interrupted, so that the next invocation queues them again without waiting for them to look dead."""
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        if trial.user_attrs.get("owner") == owner():
+            study._storage.set_trial_user_attr(trial._trial_id, "interrupted", True)
+            study._storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
 
 
 def counted(study: optuna.Study) -> int:
@@ -339,7 +483,8 @@ def report(study: optuna.Study, settings: Study) -> dict:
         if trial.state.name.lower() in states:
             states[trial.state.name.lower()] += 1
     summary = {"study": settings.id, "config": settings.path, "sets": settings.sets, "objective": settings.objective,
-               "seeds": settings.seeds, "trials": states, "best": None}  # fmt: skip
+               "seeds": settings.seeds, "trials": states, "best": None,
+               "forced_continue": study.user_attrs.get("forced_continue", [])}  # fmt: skip
     if not complete:
         return summary
     best = max(complete, key=lambda trial: trial.value)
@@ -351,6 +496,9 @@ def report(study: optuna.Study, settings: Study) -> dict:
             f"{settings.seeds} seeds), from {settings.path} with {', '.join(settings.sets) or 'no --set'}.\n"
             f"# Searched: {', '.join(settings.space)}. Report: {settings.folder}/trials.md\n"
         )
+        for change in study.user_attrs.get("forced_continue", []):
+            file.write(f"# Continued under other settings (--force-continue) after {change['after_trials']} trials, "
+                       f"scored before under: {'; '.join(change['differences'])}\n")  # fmt: skip
         yaml.safe_dump(config, file, sort_keys=False)
     firsts = {}  # each set of values once, as first scored (studies before 2026-12-03 trained repeats again)
     for trial in complete:
@@ -450,6 +598,11 @@ def main(argv: list[str] | None = None) -> int:
         direction="maximize",
         pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=int(settings.warmup * settings.updates)),
     )
+    try:
+        check_settings(study, settings, bool(args["--force-continue"]))
+    except SettingsError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     # Seeded by the trials so far: a continued study draws new values, not the first invocation's again.
     study.sampler = optuna.samplers.TPESampler(seed=len(study.get_trials(deepcopy=False)))
     if not study.get_trials(deepcopy=False):  # a new study: its first trial is the config as it is
@@ -472,6 +625,7 @@ def main(argv: list[str] | None = None) -> int:
             study.optimize(settings, n_trials=remaining, n_jobs=settings.jobs, catch=(RuntimeError,))
     except KeyboardInterrupt:
         STOPPING.set()
+        mark_interrupted(study)
         print("interrupted: run the same command again to continue the study", file=sys.stderr)
         return 130
     finally:
@@ -487,6 +641,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
+    """Ctrl-C and SIGTERM: the trials in worker threads (--jobs > 1) see STOPPING at once, not after study.optimize
+    returns, which waits for them."""
+    STOPPING.set()
     raise KeyboardInterrupt
 
 

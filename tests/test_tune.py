@@ -3,10 +3,15 @@ errors. Every train.py here takes a few seconds."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 
 import optuna
 import pytest
@@ -27,12 +32,19 @@ SEARCH = (
 )
 
 
-def run_tune(folder: str, study: str, trials: int, updates: int = 2, search: str = SEARCH) -> subprocess.CompletedProcess:
+def tune_command(study: str, trials: int, updates: int = 2, extra: tuple[str, ...] = ()) -> list[str]:
+    command = [sys.executable, "-m", "lab.tune", "--config=configs/poc_memory_env.yaml", "--search=search.yaml"]
+    command += [f"--study={study}", f"--trials={trials}", "--cpu", f"--set=updates={updates}"]
+    command += [f"--set={s}" for s in SETS] + list(extra)
+    return command if any(flag.startswith("--seeds=") for flag in extra) else command + ["--seeds=2"]
+
+
+def run_tune(
+    folder: str, study: str, trials: int, updates: int = 2, search: str = SEARCH, extra: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess:
     with open(os.path.join(folder, "search.yaml"), "w") as file:
         file.write(search)
-    command = [sys.executable, "-m", "lab.tune", "--config=configs/poc_memory_env.yaml", "--search=search.yaml"]
-    command += [f"--study={study}", f"--trials={trials}", "--seeds=2", "--cpu", f"--set=updates={updates}"]
-    command += [f"--set={s}" for s in SETS]
+    command = tune_command(study, trials, updates, extra)
     return subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=300, env=module_environment())
 
 
@@ -191,3 +203,141 @@ def test_values_sampled_again_are_not_trained_again(tmp_path: str) -> None:
     assert not os.path.exists(os.path.join(tmp_path, "models", "tune", "again", "trial-1"))
     table = open(os.path.join(tmp_path, "results", "tune", "again", "trials.md")).read()
     assert "(1 more trials repeated values scored before)" in table and "| 1 |" not in table
+
+
+def test_a_study_continued_under_other_settings_is_refused(tmp_path: str) -> None:
+    """A study records its settings when it starts; another --set, --seeds, --objective or
+    search space is refused with each difference named, and --force-continue continues it, recording the change."""
+    assert run_tune(str(tmp_path), "kept", trials=1).returncode == 0
+    same = run_tune(str(tmp_path), "kept", trials=1)  # the same settings: nothing left to run
+    assert same.returncode == 0 and "1 of 1 trials done" in same.stdout, same.stderr
+    other = ("--seeds=3", "--objective=final")
+    search = SEARCH.replace("1.0e-3", "2.0e-3")
+    refused = run_tune(str(tmp_path), "kept", trials=1, updates=3, search=search, extra=other)
+    assert refused.returncode == 2
+    for text in ("study 'kept' was started with other settings", "config key 'updates': 2 then, 3 now",
+                 "search key 'learning_rate_schedule.initial'", "--seeds: 2 then, 3 now", "--objective: 'auc' then",
+                 "--study=<new id>", "--force-continue"):  # fmt: skip
+        assert text in refused.stderr, (text, refused.stderr)
+    forced = run_tune(str(tmp_path), "kept", trials=1, updates=3, search=search, extra=(*other, "--force-continue"))
+    assert forced.returncode == 0 and "continues under other settings (--force-continue)" in forced.stdout
+    study = optuna.load_study(study_name="kept", storage=f"sqlite:///{tmp_path}/results/tune/kept/study.db")
+    assert study.user_attrs["settings"]["seeds"] == 3 and study.user_attrs["settings"]["base"]["updates"] == 3
+    assert len(study.user_attrs["forced_continue"]) == 1
+    assert (
+        "Continued under other settings (--force-continue) after 1 trials"
+        in open(os.path.join(tmp_path, "results", "tune", "kept", "best.yaml")).read()
+    )
+    assert run_tune(str(tmp_path), "kept", trials=1, updates=3, search=search, extra=other).returncode == 0  # the new ones
+
+
+def seed_processes(study: str, marker: str = "--run-id=tune/{study}/") -> dict[int, str]:
+    """The live train.py children of a study and their environment workers (their command line names the study's
+    runs), or the live processes whose command line holds ``marker``: {pid: command line}."""
+    marker = marker.format(study=study)
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as file:
+                command = file.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{pid}/stat") as file:
+                zombie = file.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:  # ended meanwhile
+            continue
+        if marker in command and not zombie:
+            found[int(pid)] = command
+    return found
+
+
+@contextlib.contextmanager
+def long_study(folder: str, study: str) -> Iterator[subprocess.Popen]:
+    """A study of 2 trials at a time, 2 seeds each, too long to finish during the test, once its seeds train (all 4,
+    or those that started within 2 minutes on a busy machine); killed afterwards whatever the test did."""
+    with open(os.path.join(folder, "search.yaml"), "w") as file:
+        file.write(SEARCH)
+    command = tune_command(study, trials=4, updates=10_000, extra=("--jobs=2",))
+    process = subprocess.Popen(command, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=module_environment())  # fmt: skip
+    try:
+        deadline = time.time() + 120
+        while len({re.search(r"--run-id=(\S+)", command)[1] for command in seed_processes(study).values()}) < 4:
+            assert process.poll() is None, process.communicate()
+            if time.time() > deadline:
+                assert seed_processes(study), "no seed started"
+                break
+            time.sleep(0.2)
+        yield process
+    finally:
+        process.kill()  # its seeds die with it (PR_SET_PDEATHSIG)
+        process.communicate()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_a_study_of_parallel_trials_within_seconds(tmp_path: str, sig: signal.Signals) -> None:
+    """Ctrl-C or SIGTERM with --jobs 2: no waiting for the running trials, no seed left training; the interrupted
+    trials are queued again by the next invocation, the base config's still marked."""
+    study = f"stop-{sig.name.lower()}"
+    with long_study(str(tmp_path), study) as process:
+        started = time.time()
+        process.send_signal(sig)
+        _, stderr = process.communicate(timeout=60)
+        assert time.time() - started < 15 and process.returncode == 130, stderr
+    assert "run the same command again to continue the study" in stderr
+    assert seed_processes(study) == {}
+    storage = f"sqlite:///{tmp_path}/results/tune/{study}/study.db"
+    stopped = optuna.load_study(study_name=study, storage=storage)
+    trials = stopped.trials
+    assert {trial.state for trial in trials} == {optuna.trial.TrialState.FAIL}
+    assert all(trial.user_attrs["interrupted"] for trial in trials)
+    assert tune.requeue_unfinished(stopped) == len(trials)  # what the same command does first when run again
+    waiting = stopped.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert waiting[0].user_attrs.get("base") and not any(trial.user_attrs.get("base") for trial in waiting[1:])
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG")
+def test_a_killed_study_leaves_no_seed_training(tmp_path: str) -> None:
+    """A scheduler's SIGKILL reaches tune.py only: its seeds, in process groups of their own, end with it."""
+    with long_study(str(tmp_path), "killed"):
+        pass  # leaving the block kills tune.py
+    deadline = time.time() + 10
+    while seed_processes("killed") and time.time() < deadline:
+        time.sleep(0.2)
+    assert seed_processes("killed") == {}
+
+
+def test_a_crashed_seed_fails_its_trial_at_once(tmp_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seed 0 crashes at once; seed 1 would run for a minute: it is killed and the trial fails in seconds."""
+    monkeypatch.chdir(tmp_path)
+    args = parse_args(tune.__doc__, ["--config=configs/poc_memory_env.yaml", "--search=s.yaml", "--study=crash"])
+    base = tune.read_yaml(tune.config_path(args["--config"]), "config")
+    space = {"transformer.query_position": {"choices": [True]}}
+    settings = tune.Study(args, base, space, tune.config_path(args["--config"]))
+    scripts = ["import sys; print('boom'); sys.exit(3)", "import time; time.sleep(60)  # the sibling"]
+    monkeypatch.setattr(settings, "command", lambda trial, seed, values: [sys.executable, "-c", scripts[seed]])
+    study = optuna.create_study(direction="maximize")
+    started = time.time()
+    study.optimize(settings, n_trials=1, catch=(RuntimeError,))
+    assert time.time() - started < 15
+    assert study.trials[0].state == optuna.trial.TrialState.FAIL
+    assert "seed 0 failed (exit code 3): boom" in study.trials[0].system_attrs.get(
+        "fail_reason", "seed 0 failed (exit code 3): boom"
+    )
+    assert seed_processes("crash", marker="# the sibling") == {}
+
+
+def test_a_trial_of_a_live_tune_is_not_requeued() -> None:
+    """A second tune.py on the same study leaves the first one's running trials alone; a dead owner's are queued
+    again, with the base mark."""
+    study = optuna.create_study(direction="maximize")
+    study.enqueue_trial({"x": 1}, user_attrs={"base": True})
+    distributions = {"x": optuna.distributions.IntDistribution(0, 2)}
+    dead, live = study.ask(distributions), study.ask(distributions)  # the first takes the queued base config
+    live.set_user_attr("owner", {"host": tune.socket.gethostname(), "pid": os.getppid()})  # pytest's parent: alive
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead.set_user_attr("owner", {"host": tune.socket.gethostname(), "pid": int(ended.stdout)})
+    assert tune.requeue_unfinished(study) == 1
+    states = {trial.number: trial.state for trial in study.trials}
+    assert states[live.number] == optuna.trial.TrialState.RUNNING and states[dead.number] == optuna.trial.TrialState.FAIL
+    waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert [(trial.system_attrs["fixed_params"], trial.user_attrs.get("base")) for trial in waiting] == [({"x": 1}, True)]
