@@ -86,6 +86,7 @@ def test_a_frame_run_eagerly_fails_the_compile_check(monkeypatch: pytest.MonkeyP
     assert details["compiled_graphs"] >= 1 and details["frames_eager"] >= 1 and not passed
 
 
+@pytest.mark.slow
 def test_a_table_rows_peak_memory_is_its_own() -> None:
     """Each row is measured in a process of its own: this process's larger peak does not show in it."""
     ballast = bytearray(1536 * 2**20)  # 1.5 GiB, touched

@@ -205,6 +205,7 @@ def test_values_sampled_again_are_not_trained_again(tmp_path: str) -> None:
     assert "(1 more trials repeated values scored before)" in table and "| 1 |" not in table
 
 
+@pytest.mark.slow
 def test_a_study_continued_under_other_settings_is_refused(tmp_path: str) -> None:
     """A study records its settings when it starts; another --set, --seeds, --objective or
     search space is refused with each difference named, and --force-continue continues it, recording the change."""
@@ -272,6 +273,7 @@ def long_study(folder: str, study: str) -> Iterator[subprocess.Popen]:
         process.communicate()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_stops_a_study_of_parallel_trials_within_seconds(tmp_path: str, sig: signal.Signals) -> None:
@@ -295,6 +297,7 @@ def test_a_signal_stops_a_study_of_parallel_trials_within_seconds(tmp_path: str,
     assert waiting[0].user_attrs.get("base") and not any(trial.user_attrs.get("base") for trial in waiting[1:])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG")
 def test_a_killed_study_leaves_no_seed_training(tmp_path: str) -> None:
     """A scheduler's SIGKILL reaches tune.py only: its seeds, in process groups of their own, end with it."""
