@@ -199,11 +199,10 @@ def snapshot_training(
         "memory": memory,
         "trace": trace_state,
     }
-    if rewards is not None:
-        snapshot["rewards"] = rewards  # normalize_rewards: the return statistics and each worker's running return
+    if rewards is not None:  # normalize_rewards: the return statistics and each worker's running return (per rank)
+        returns = rewards["returns"] if shards is None else [shard["returns"] for shard in shards]
+        snapshot["rewards"] = {**rewards, "returns": returns}
     if shards is not None:
-        if rewards is not None:
-            snapshot["rewards"] = {**rewards, "returns": [shard["returns"] for shard in shards]}
         snapshot.update(
             world_size=ranks.world,
             memory=[shard["memory"] for shard in shards],

@@ -3,8 +3,9 @@
 
 - Observations: each feature of a vector observation (each vector key of a dict) is shifted and scaled by the running
   mean and standard deviation of that feature over every observation of training so far, then clipped to
-  [-clip, clip]. Images are left as they are. The statistics live in the vector encoder as buffers, so they are in
-  every checkpoint and model file, and enjoy.py and every evaluation apply them, frozen.
+  [-clip, clip]. Images are left as they are. The statistics are buffers of the model's ``normalizer``, applied
+  before the encoder, so they are in every checkpoint and model file, and enjoy.py and every evaluation apply them,
+  frozen.
 - Rewards: each reward is divided by the running standard deviation of the discounted return (each worker's
   ``return = gamma * return + reward``, restarted at episode ends), then clipped. Not shifted: a shift would change
   which policy is best where episodes end. Reported episode rewards stay unscaled.
@@ -72,7 +73,7 @@ class RunningMeanStd(nn.Module):
 
 
 class ObservationNormalizer(nn.Module):
-    """Normalises vector observations (..., F) feature by feature; held by encoders.VectorEncoder."""
+    """Normalises vector observations (..., F) feature by feature; one per vector of ``VectorNormalizers``."""
 
     def __init__(self, features: int, clip: float) -> None:
         super().__init__()

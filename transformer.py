@@ -52,10 +52,15 @@ def sinusoidal_encoding(steps: torch.Tensor, dim: int) -> torch.Tensor:
     Returns:
         (..., D) float32 encoding.
     """
+    angles = step_angles(steps, dim)  # (..., D/2)
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+
+def step_angles(steps: torch.Tensor, dim: int) -> torch.Tensor:
+    """(..., dim/2) float32 angles steps x 10000^(-2j/dim) of integer ``steps`` (...): the sinusoid's and rotary's."""
     half = dim // 2
     frequencies = torch.exp(torch.arange(half, device=steps.device, dtype=torch.float32) * (-math.log(10000.0) / half))
-    angles = steps.to(torch.float32).unsqueeze(-1) * frequencies  # (..., D/2)
-    return torch.cat([angles.sin(), angles.cos()], dim=-1)
+    return steps.to(torch.float32).unsqueeze(-1) * frequencies
 
 
 class GRUGate(nn.Module):
@@ -92,9 +97,7 @@ def rotary_angles(steps: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, tor
 
     Pair j of a head's vector turns by steps x 10000^(-2j/d), as RoFormer's; see ``rotate``.
     """
-    half = head_dim // 2
-    frequencies = torch.exp(torch.arange(half, device=steps.device, dtype=torch.float32) * (-math.log(10000.0) / half))
-    angles = steps.to(torch.float32).unsqueeze(-1).unsqueeze(1) * frequencies  # (B, 1, S, d/2)
+    angles = step_angles(steps, head_dim).unsqueeze(1)  # (B, 1, S, d/2)
     return angles.cos(), angles.sin()
 
 
