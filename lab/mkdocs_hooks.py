@@ -1,7 +1,7 @@
 """mkdocs hooks (``hooks:`` in mkdocs.yml) that put the figures on the docs site.
 
-The pages link figures, result files and configs relative to the repository (``../results/poc-memories.png``), so that
-they open on GitHub and in a checkout. mkdocs copies only what is inside docs/, so these hooks copy each file of
+The pages link figures, result files and configs relative to the repository
+(``../results/memories/poc/poc-memories.png``), so that they open on GitHub and in a checkout. mkdocs copies only what is inside docs/, so these hooks copy each file of
 results/ and configs/ that a page links into the site and point the page's links at the copy. mkdocs loads this file
 by its path, so it imports nothing of the project.
 """
@@ -25,7 +25,7 @@ def linked_files(docs_dir: str) -> set[str]:
     """The files of results/ and configs/ that the pages link (folders, which a site cannot show, left out).
 
     :param docs_dir: the folder of the pages
-    :return: their paths relative to the repository root, e.g. "results/poc-memories.png"
+    :return: their paths relative to the repository root, e.g. "results/memories/poc/poc-memories.png"
     """
     linked = set()
     for page in glob.glob(os.path.join(docs_dir, "*.md")):

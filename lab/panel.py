@@ -30,7 +30,7 @@ A panel file:
       sets: [updates=75]
       threshold: 190               # steps-to-threshold level (default: 0.9 for success, none for reward)
       memory_sets: {gru: [recurrence.hidden_state_size=64]}
-      runs: {trxl: cartpole-trxl}  # pairs already measured as an experiment (results/<id>) with the pair's settings
+      runs: {trxl: ablations/cartpole/cartpole-trxl}  # pairs measured as an experiment (results/<id>), same settings
 
 Pairs run one after the other, in the file's order (tasks, then memories); running the command again skips the
 seeds that finished (lab/experiment.py's records) and resumes the rest, so a panel can be spread over several sessions.

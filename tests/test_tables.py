@@ -31,7 +31,8 @@ def test_results_page_tables_match_the_results() -> None:
 
 
 def test_writing_the_tables_fills_their_markers(tmp_path: str) -> None:
-    spec = {"readme": [], "results": {"demo": {"TrXL": "mmg1-trxl-memgrad", "GRU": "mmg1-gru"}}}
+    demo = {"TrXL": "ablations/mortar-mayhem/mmg1-trxl-memgrad", "GRU": "memories/mortar-mayhem/mmg1-gru"}
+    spec = {"readme": [], "results": {"demo": demo}}
     spec_path, readme, page = tmp_path / "tables.yaml", tmp_path / "README.md", tmp_path / "results.md"
     spec_path.write_text(yaml.safe_dump(spec))
     readme.write_text(f"intro\n{tables.BEGIN}\nold\n{tables.END}\nend\n")
@@ -57,9 +58,10 @@ def test_every_row_links_a_heading_of_the_results_page() -> None:
 
 
 def test_a_changed_summary_changes_the_table(tmp_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    loaded = tables.load_experiment("mmg1-gru")
+    gru = "memories/mortar-mayhem/mmg1-gru"
+    loaded = tables.load_experiment(gru)
     changed = ({**loaded[0], "final": {**loaded[0]["final"], "iqm": 0.5}}, loaded[1])
-    monkeypatch.setattr(tables, "load_experiment", lambda experiment: changed if experiment == "mmg1-gru" else loaded)
+    monkeypatch.setattr(tables, "load_experiment", lambda experiment: changed if experiment == gru else loaded)
     low, high = (tables.format_value(loaded[0]["final"][key], "success") for key in ("ci_low", "ci_high"))
     assert f"0.50 [{low}, {high}]" in tables.readme_table()
     with pytest.raises(ValueError, match="markers"):
