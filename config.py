@@ -361,7 +361,7 @@ SCHEMA: dict[str, tuple] = {
             "whole tail beyond it, i.e. of the clipped action the environment executes (Fujita and Maeda "
             "2018); false uses the density of the unclipped sample, as CleanRL's continuous PPO. Measured on "
             "the continuous proof-of-memory task: 5 of 10 seeds solved it against 6 of 10 with false "
-            "([results.md](results.md))"
+            "([results](../results/memories/poc/README.md))"
         ),
     ),
     "value_loss_coefficient": (float, 0.25, _NON_NEGATIVE, "weight of the value loss"),
@@ -409,8 +409,8 @@ SCHEMA: dict[str, tuple] = {
             "`{}`: `adam_epsilon` throughout. Otherwise AdamW's epsilon by update, from `adam_epsilon` (its "
             "`initial` defaults to it; giving both with different values is an error). E.g. `{final: 1.0e-3, "
             "start: 99, max_decay_steps: 1}`: `adam_epsilon` for updates 1-100, 1e-3 after, a larger epsilon "
-            "once an agent is solved ([results.md](results.md#against-the-falls-target_kl-then-undoing-a-step"
-            "-or-a-larger-adamw-epsilon)). TensorBoard `training/adam_epsilon`"
+            "once an agent is solved ([results](../results/ablations/minigrid/README.md#against-the-falls-target_kl-then-"
+            "undoing-a-step-or-a-larger-adamw-epsilon)). TensorBoard `training/adam_epsilon`"
         ),
     ),
     "adam_update_clipping": (
@@ -423,8 +423,8 @@ SCHEMA: dict[str, tuple] = {
             "the recent ones (a rare failure of a solved policy) cannot move the weights by several learning "
             "rates at once; TensorBoard `training/update_scale_min` is the update's smallest scale. False is "
             "plain AdamW, the reference's. On the multi-agent recall task it did not stop solved seeds from "
-            "falling back; a larger `adam_epsilon` did ([results.md](results.md#multi-agent-recall-why-a-solv"
-            "ed-agent-fell-back-and-the-fix-5-seeds-per-setting))"
+            "falling back; a larger `adam_epsilon` did ([results](../results/ablations/recall/README.md#multi-agent-"
+            "recall-why-a-solved-agent-fell-back-and-the-fix-5-seeds-per-setting))"
         ),
     ),
     "weight_decay": (
@@ -459,8 +459,8 @@ SCHEMA: dict[str, tuple] = {
             "`training/kl_rollback` is 1 where a step was undone and `training/gradient_steps` counts the "
             "steps kept. Needs `target_kl` > 0. Replayed on a MiniGrid fall it turned success 0.79 into a dip "
             "to 0.92; over 5 seeds of the multi-agent recall task 2 still fell, where a larger "
-            "`adam_epsilon` stopped the falls ([results.md](results.md#multi-agent-recall-why-a-solved-agent-"
-            "fell-back-and-the-fix-5-seeds-per-setting))"
+            "`adam_epsilon` stopped the falls ([results](../results/ablations/recall/README.md#multi-agent-"
+            "recall-why-a-solved-agent-fell-back-and-the-fix-5-seeds-per-setting))"
         ),
     ),
     "n_processes": (

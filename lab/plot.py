@@ -14,8 +14,8 @@ Options:
   --metric=<name>       Curves of another logged metric than the experiments' own (reward, success, length, or a
                         tag: training/approx_kl, losses/entropy), rebuilt from their seeds' records
                         (results/<id>/seed-k.json; the two tags since 2026-12-03).
-  --tables              Instead: write the README's results table and the tables of docs/results.md from
-                        results/tables.yaml and the summaries it names (lab/tables.py).
+  --tables              Instead: write the README's results table and the named tables of docs/results.md and
+                        results/**/README.md from results/tables.yaml and the summaries it names (lab/tables.py).
   -h --help             Show this help.
 """
 

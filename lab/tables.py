@@ -1,14 +1,16 @@
 """Results tables generated from the experiments' summaries, so that a number is written once: the README's results
-table and the named tables of docs/results.md come from results/tables.yaml and each listed experiment's
-results/<id>/summary.json (``python -m lab.plot --tables`` writes them; tests/test_tables.py fails when a committed table
-differs from what the JSON gives).
+table and the named tables of docs/results.md and of the results/**/README.md files beside the experiments come from
+results/tables.yaml and each listed experiment's results/<id>/summary.json (``python -m lab.plot --tables`` writes them;
+tests/test_tables.py fails when a committed table differs from what the JSON gives).
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
+import re
 
 import numpy as np
 import yaml
@@ -20,6 +22,8 @@ from lab.experiment_report import format_steps, format_value
 SPEC = os.path.join(ROOT, "results", "tables.yaml")
 README = os.path.join(ROOT, "README.md")
 RESULTS = os.path.join(ROOT, "docs", "results.md")
+# A named table's first line, wherever it is: its name
+TABLE_START = re.compile(r"^<!-- table (\S+): written by", flags=re.MULTILINE)
 BEGIN = "<!-- results table: written by `python -m lab.plot --tables` from results/tables.yaml; do not edit by hand -->"
 END = "<!-- end of the results table -->"
 HEADER = (
@@ -156,16 +160,38 @@ def results_table(name: str, experiments: dict[str, str]) -> str:
     return "\n".join([begin, *lines, end])
 
 
-def write_tables(readme: str = README, results: str = RESULTS, spec_path: str = SPEC) -> list[str]:
-    """Rewrite the README's results table and the results page's named tables; returns the files that changed."""
+def result_pages() -> list[str]:
+    """The pages that hold named tables: docs/results.md and every README.md under results/."""
+    readmes = glob.glob(os.path.join(ROOT, "results", "**", "README.md"), recursive=True)
+    return [RESULTS, *sorted(readmes)]
+
+
+def tables_on(text: str) -> list[str]:
+    """The names of the named tables whose markers ``text`` holds, in their order."""
+    return TABLE_START.findall(text)
+
+
+def fill_page(text: str, built: dict[str, tuple[str, str, str]], path: str) -> str:
+    """``text`` with each of its named tables rewritten from ``built`` (name -> begin, end, table); ValueError for a
+    table that results/tables.yaml does not name."""
+    for name in tables_on(text):
+        if name not in built:
+            raise ValueError(f"{path} holds table '{name}', which results/tables.yaml does not name: add it there")
+        begin, end, table = built[name]
+        text = replace_table(text, table, begin, end)
+    return text
+
+
+def write_tables(readme: str = README, pages: list[str] | None = None, spec_path: str = SPEC) -> list[str]:
+    """Rewrite the README's results table and the named tables of ``pages`` (docs/results.md and the results/**/README.md
+    files by default); returns the files that changed."""
     spec = load_spec(spec_path)
     changed = write_panels(spec)
-    for path, tables in ((readme, [(BEGIN, END, readme_table(spec))]), (results, page_tables(spec))):
+    built = {name: entry for name, entry in zip(table_names(spec), page_tables(spec), strict=True)}
+    for path in [readme, *(result_pages() if pages is None else pages)]:
         with open(path) as file:
             text = file.read()
-        updated = text
-        for begin, end, table in tables:
-            updated = replace_table(updated, table, begin, end)
+        updated = replace_table(text, readme_table(spec)) if path == readme else fill_page(text, built, path)
         if updated != text:
             with open(path, "w") as file:
                 file.write(updated)
@@ -200,9 +226,14 @@ def write_panels(spec: dict) -> list[str]:
     return changed
 
 
+def table_names(spec: dict) -> list[str]:
+    """The names of the named tables in ``spec``, in the order of page_tables."""
+    return [*spec.get("results", {}), *spec.get("panels", {})]
+
+
 def page_tables(spec: dict) -> list[tuple[str, str, str]]:
-    """(begin marker, end marker, table) of every table of the results page in ``spec``: those of experiments
-    (``results``) and those of panels (``panels``)."""
+    """(begin marker, end marker, table) of every named table in ``spec``: those of experiments (``results``) and
+    those of panels (``panels``)."""
     built = [(*markers(name), results_table(name, experiments)) for name, experiments in spec.get("results", {}).items()]
     panels = spec.get("panels", {}).items()
     return built + [(*markers(name), panel_table(name, entry["id"])) for name, entry in panels]

@@ -1,19 +1,24 @@
 """The README and docs/ stay true to the code: every config key and flag documented on its page, every mentioned file
-present, every relative link pointing at a file (and heading) that exists, and the README short enough to read."""
+present, every relative link pointing at a file (and heading) that exists, every command of the repository's tools
+accepted as written, and the README short enough to read."""
 
 from __future__ import annotations
 
+import ast
 import glob
 import importlib.util
 import os
 import re
+import shlex
 import subprocess
 import sys
 
 import pytest
 import yaml
+from docopt import DocoptExit, docopt
 
 import config
+from cli import docopt_text
 from config import RECURRENCE_SCHEMA, SCHEMA, TRANSFORMER_SCHEMA
 from environments import ENV_TYPES, FAMILIES
 from lab import docs
@@ -21,6 +26,8 @@ from lab import docs
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README_PATH = os.path.join(ROOT, "README.md")
 DOC_PATHS = sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
+# The results' READMEs, beside their experiments: their links and commands are checked as the docs' are
+RESULT_PAGES = sorted(glob.glob(os.path.join(ROOT, "results", "**", "README.md"), recursive=True))
 README_MAX_BYTES = 15_000
 
 
@@ -99,7 +106,7 @@ def test_the_readme_is_short() -> None:
     assert size <= README_MAX_BYTES, f"README.md has {size} bytes, at most {README_MAX_BYTES}: move details into docs/"
 
 
-@pytest.mark.parametrize("page", [README_PATH, *DOC_PATHS], ids=os.path.basename)
+@pytest.mark.parametrize("page", [README_PATH, *DOC_PATHS, *RESULT_PAGES], ids=lambda path: os.path.relpath(path, ROOT))
 def test_every_relative_link_points_to_an_existing_file(page: str) -> None:
     links = re.findall(r"\]\(([^)\s]+)\)", without_code_blocks(read(page)))
     relative = [link for link in links if not re.match(r"[a-z][a-z0-9+.-]*:", link)]
@@ -240,3 +247,95 @@ def test_flag_tables_come_from_the_usage_text() -> None:
 )
 def test_usage_words_become_code_spans(text: str, markdown: str) -> None:
     assert docs.as_markdown(text) == markdown
+
+
+def shell_commands(text: str) -> list[list[str]]:
+    """The commands of the fenced code blocks of a markdown ``text``, split into words: comments dropped, lines joined
+    where they end in a backslash, ``a && b``, ``a; b`` and ``a | b`` taken apart, leading ``NAME=value`` settings
+    dropped. Blocks of YAML or Python and lines that shlex cannot split (prose in a text block) are left out."""
+    commands = []
+    for language, block in re.findall(r"^```(\w*)\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL):
+        if language not in ("", "bash", "sh", "shell", "console"):
+            continue
+        for line in block.replace("\\\n", " ").splitlines():
+            try:
+                words = shlex.split(line.removeprefix("$ "), comments=True)
+            except ValueError:
+                continue
+            command: list[str] = []
+            for word in [*words, ";"]:
+                if word in ("&&", "||", ";", "|"):
+                    while command and re.match(r"^[A-Z_]+=", command[0]):
+                        command.pop(0)
+                    if command:
+                        commands.append(command)
+                    command = []
+                else:
+                    command.append(word)
+    return commands
+
+
+def tool_and_arguments(command: list[str]) -> tuple[str, list[str]] | None:
+    """The repository file a command runs (``train.py``, ``lab/experiment.py``, ``results/.../x.py``) and its
+    arguments; None for a command of another program."""
+    if command[0] not in ("python", "python3") or len(command) < 2:
+        return None
+    if command[1] == "-m" and len(command) > 2 and command[2].startswith("lab."):
+        return command[2].replace(".", "/") + ".py", command[3:]
+    if command[1].endswith(".py"):
+        return command[1], command[2:]
+    return None
+
+
+def make_targets() -> set[str]:
+    return set(re.findall(r"^([\w-]+):", read("Makefile"), flags=re.MULTILINE))
+
+
+def command_problems(command: list[str]) -> list[str]:
+    """What keeps a command of this repository's tools from running as written: a missing script or module, arguments
+    its docopt usage refuses, a named config that does not exist, an unknown make target. Nothing is run."""
+    if command[0] == "make":
+        return [f"no make target {target}" for target in command[1:] if "=" not in target and target not in make_targets()]
+    found = tool_and_arguments(command)
+    if found is None:
+        return []
+    script, arguments = found
+    if not os.path.isfile(os.path.join(ROOT, script)):
+        return [f"{script} does not exist"]
+    problems = []
+    for argument in arguments:
+        path = argument.split("=", 1)[-1]
+        if re.match(r"configs/[\w./-]+\.yaml$", path) and not os.path.isfile(os.path.join(ROOT, path)):
+            problems.append(f"{path} does not exist")
+    doc = ast.get_docstring(ast.parse(read(script)))
+    if doc and "Usage:" in doc and not any(argument in ("-h", "--help") for argument in arguments):
+        try:
+            docopt(docopt_text(doc), arguments, help=False)
+        except DocoptExit:
+            problems.append(f"{script}'s usage does not accept {shlex.join(arguments)}")
+    return problems
+
+
+@pytest.mark.parametrize("page", [README_PATH, *DOC_PATHS, *RESULT_PAGES], ids=lambda path: os.path.relpath(path, ROOT))
+def test_every_command_runs_as_written(page: str) -> None:
+    problems = [
+        f"{shlex.join(command)}: {problem}" for command in shell_commands(read(page)) for problem in command_problems(command)
+    ]
+    assert not problems, f"{os.path.relpath(page, ROOT)}:\n" + "\n".join(problems)
+
+
+def test_the_command_check_catches_what_would_not_run() -> None:
+    text = """```bash
+python -m lab.experiment --config configs/poc_memory_env.yaml --seeds 0-2 --run-id ablations/poc/x  # fine
+OMP_NUM_THREADS=1 python train.py --config=configs/missing.yaml && python -m lab.nothing
+python enjoy.py --no-such-flag
+make test-fast && make no-such-target
+```
+"""
+    problems = [problem for command in shell_commands(text) for problem in command_problems(command)]
+    assert problems == [
+        "configs/missing.yaml does not exist",
+        "lab/nothing.py does not exist",
+        "enjoy.py's usage does not accept --no-such-flag",
+        "no make target no-such-target",
+    ]

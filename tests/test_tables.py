@@ -1,11 +1,12 @@
-"""The README's results table and the tables of docs/results.md are what results/tables.yaml and the summaries it
-names give (python -m lab.plot --tables)."""
+"""The README's results table and the named tables of docs/results.md and of the results/**/README.md files are what
+results/tables.yaml and the summaries it names give (python -m lab.plot --tables); the results page stays short."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import re
 
 import pytest
 import yaml
@@ -19,15 +20,43 @@ def test_readme_table_matches_the_results() -> None:
     assert tables.replace_table(text, tables.readme_table()) == text, "run python -m lab.plot --tables and commit the README"
 
 
-def test_results_page_tables_match_the_results() -> None:
-    with open(tables.SPEC) as file:
-        spec = yaml.safe_load(file)
+def test_every_named_table_matches_the_results_wherever_it_is() -> None:
+    spec = tables.load_spec()
+    built = dict(zip(tables.table_names(spec), tables.page_tables(spec), strict=True))
+    assert len(built) >= 5
+    placed = set()
+    for path in tables.result_pages():
+        with open(path) as file:
+            text = file.read()
+        where = os.path.relpath(path, tables.ROOT)
+        assert tables.fill_page(text, built, path) == text, f"{where}: run python -m lab.plot --tables and commit"
+        placed.update(tables.tables_on(text))
+    assert placed == set(built), f"tables of results/tables.yaml on no page: {sorted(set(built) - placed)}"
+
+
+def test_a_page_with_a_table_the_spec_does_not_name_is_refused() -> None:
+    begin, end = tables.markers("unknown")
+    with pytest.raises(ValueError, match="does not name"):
+        tables.fill_page(f"{begin}\n| old |\n{end}\n", {}, "results/x/README.md")
+
+
+RESULTS_MAX_BYTES = 25_000
+
+
+def test_the_results_page_is_short() -> None:
+    size = os.path.getsize(tables.RESULTS)
+    assert size <= RESULTS_MAX_BYTES, f"docs/results.md has {size} bytes, at most {RESULTS_MAX_BYTES}: details go to results/"
+
+
+def test_the_results_page_writes_no_number_outside_its_generated_tables() -> None:
+    # A measured value on the results page is a decimal or a percentage; outside the generated tables it would drift.
     with open(tables.RESULTS) as file:
         text = file.read()
-    page = tables.page_tables(spec)
-    assert len(page) >= 5
-    for begin, end, table in page:
-        assert tables.replace_table(text, table, begin, end) == text, f"{begin}: run python -m lab.plot --tables and commit"
+    for begin, end, _ in tables.page_tables(tables.load_spec()):
+        if begin in text:
+            text = text[: text.index(begin)] + text[text.index(end) + len(end) :]
+    prose = re.sub(r"\]\([^)]*\)|`[^`]*`", "", text)  # link targets and code name files and settings, not results
+    assert not re.findall(r"\d\.\d|\d\s*%", prose), "a number on docs/results.md outside a generated table"
 
 
 def test_writing_the_tables_fills_their_markers(tmp_path: str) -> None:
@@ -38,13 +67,13 @@ def test_writing_the_tables_fills_their_markers(tmp_path: str) -> None:
     readme.write_text(f"intro\n{tables.BEGIN}\nold\n{tables.END}\nend\n")
     begin, end = tables.markers("demo")
     page.write_text(f"text\n{begin}\n| stale |\n{end}\nmore\n")
-    assert tables.write_tables(str(readme), str(page), str(spec_path)) == [str(readme), str(page)]
+    assert tables.write_tables(str(readme), [str(page)], str(spec_path)) == [str(readme), str(page)]
     written = page.read_text()
     assert "| stale |" not in written and written.startswith("text\n") and written.endswith("\nmore\n")
     for label, experiment in spec["results"]["demo"].items():
         summary, _ = tables.load_experiment(experiment)
         assert f"| {label} | {len(summary['finished_seeds'])} | {tables.result(summary)} | " in written
-    assert tables.write_tables(str(readme), str(page), str(spec_path)) == [], "a second run changes nothing"
+    assert tables.write_tables(str(readme), [str(page)], str(spec_path)) == [], "a second run changes nothing"
 
 
 def test_every_row_links_a_heading_of_the_results_page() -> None:
