@@ -27,6 +27,7 @@ from environments.action_spec import ActionSpec
 from memories.base import MemoryState, MemoryTrace
 from model import ActorCriticModel
 from normalization import RewardScaler
+from precision import runnable_compute_dtype
 
 
 def atomic_save(payload: dict, path: str) -> None:
@@ -112,7 +113,10 @@ def load_model(path: str, device: torch.device) -> tuple[ActorCriticModel, Confi
         config = validate_config(with_saved_defaults(payload["config"]))
     except ConfigError as error:
         raise ValueError(f"'{path}' holds a config this version cannot read: {error}") from None
-    model = ActorCriticModel(config, observations.normalize_shape(payload["observation_shape"]), saved_actions(payload))
+    compute_dtype = runnable_compute_dtype(config.compute_dtype, device)
+    model = ActorCriticModel(
+        config, observations.normalize_shape(payload["observation_shape"]), saved_actions(payload), compute_dtype=compute_dtype
+    )
     load_weights(model, payload["model"], path)
     return model.to(device), config
 

@@ -489,9 +489,12 @@ SCHEMA: dict[str, tuple] = {
         "float32",
         ('"float32" or "bfloat16"', lambda v: v in ("float32", "bfloat16")),
         (
-            "`bfloat16` runs the encoder's and the memory's matrix products under `torch.autocast` (the "
-            "heads, the losses and the optimizer stay float32): for GPUs and CPUs with fast bfloat16 (AMX, "
-            "AVX-512 BF16). Log-probabilities and values stay within 0.03 of float32's "
+            "`bfloat16` runs the encoder's and the memory's matrix products in bfloat16 (training under "
+            "`torch.autocast`; rollouts and evaluations with bfloat16 copies of those weights, made once per "
+            "rollout), the heads, the losses and the optimizer's weights stay float32: for GPUs and CPUs with "
+            "bfloat16 units (AMX, AVX-512 BF16, Arm BF16). A CPU without them would emulate bfloat16, slower "
+            "than float32: the run says so and computes in float32 (the summaries' `ran` text and the "
+            "benchmark's JSON say what ran). Log-probabilities and values stay within 0.03 of float32's "
             "(`tests/test_compute_dtype.py`); 1.21x the steps/s of float32 on the MiniGrid config on the "
             "development CPU (AVX-512 BF16; training 1.29x, [performance.md](performance.md)); learning with "
             "it not measured yet"

@@ -77,24 +77,25 @@ def evaluate(
     generator = torch.Generator(device=device).manual_seed(episode_seed(seed, 0, 0, evaluation=True))
     results = []
     try:
-        memory.sync(state)
-        for episode in range(episodes):
-            obs = reset_lanes(env, episode_seed(seed, 0, episode, evaluation=True))
-            state.end_episodes(torch.ones(lanes, dtype=torch.bool, device=device))
-            step, ended, returns = 0, [], np.zeros(lanes)
-            while not ended:
-                prepared = model.prepare(observations.stack(obs))
-                actions, _, weights = model.act(
-                    prepared, state, lambda policy: policy.sample(deterministic, generator), attention
-                )
-                obs, rewards, _, _, ended = step_lanes(env, list(actions.cpu().numpy()))
-                returns += rewards
-                step += 1
-                if on_step is not None:
-                    on_step(env, step, weights)
-                if not ended and step >= max_steps:
-                    ended = [{"reward": float(total), "length": float(step), "evaluation_cut": 1.0} for total in returns]
-            results.extend({key: float(value) for key, value in lane.items()} for lane in ended)
+        with model.fixed_weights():  # bfloat16 compute: the weights cast once, not at every step
+            memory.sync(state)
+            for episode in range(episodes):
+                obs = reset_lanes(env, episode_seed(seed, 0, episode, evaluation=True))
+                state.end_episodes(torch.ones(lanes, dtype=torch.bool, device=device))
+                step, ended, returns = 0, [], np.zeros(lanes)
+                while not ended:
+                    prepared = model.prepare(observations.stack(obs))
+                    actions, _, weights = model.act(
+                        prepared, state, lambda policy: policy.sample(deterministic, generator), attention
+                    )
+                    obs, rewards, _, _, ended = step_lanes(env, list(actions.cpu().numpy()))
+                    returns += rewards
+                    step += 1
+                    if on_step is not None:
+                        on_step(env, step, weights)
+                    if not ended and step >= max_steps:
+                        ended = [{"reward": float(total), "length": float(step), "evaluation_cut": 1.0} for total in returns]
+                results.extend({key: float(value) for key, value in lane.items()} for lane in ended)
     finally:
         env.close()
     return count_cut_episodes_as_failures(results)

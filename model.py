@@ -14,7 +14,8 @@ for minibatches of sequence chunks and ``forward_steps`` for minibatches of sing
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 import numpy as np
@@ -50,6 +51,7 @@ class ActorCriticModel(nn.Module):
         observation_shape: observations.Shape,
         actions: ActionSpec | list[int],
         memory_path: str = "fast",
+        compute_dtype: str | None = None,
     ) -> None:
         """Build the model.
 
@@ -58,6 +60,8 @@ class ActorCriticModel(nn.Module):
             observation_shape: (C, H, W) images with values in [0, 1], (F,) vectors, or a dict of them by key.
             actions: the action space (``heads.ActionSpec``), or the number of actions of each action dimension.
             memory_path: "fast" or "plain" (see memories/trxl.py); the weights are the same either way.
+            compute_dtype: the dtype the encoder and the memory compute in, "float32" or "bfloat16"; None: the
+                config's. ``precision.runnable_compute_dtype`` says which of them runs on a device.
         """
         super().__init__()
         self.observation_shape = observations.normalize_shape(observation_shape)
@@ -75,7 +79,8 @@ class ActorCriticModel(nn.Module):
         self.value_trains_memory = config.value_trains_memory
         # Observation reconstruction (Memory Gym paper; CleanRL's reconstruction_coef): only built when it is trained.
         self.decoder = make_decoder(self.observation_shape, dim) if config.reconstruction_coefficient > 0 else None
-        self.bfloat16 = config.compute_dtype == "bfloat16"
+        self.compute_dtype = compute_dtype or config.compute_dtype
+        self.bfloat16 = self.compute_dtype == "bfloat16"
         self.memory.autocast = self.autocast
 
     def compile_modules(self) -> None:
@@ -91,6 +96,36 @@ class ActorCriticModel(nn.Module):
         run outside it, in float32, on the memory's output cast back to float32."""
         device_type = next(self.parameters()).device.type
         return torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.bfloat16)
+
+    @contextlib.contextmanager
+    def fixed_weights(self) -> Iterator[None]:
+        """The context of a run of steps at weights that do not change inside it (a rollout, an evaluation).
+
+        With ``compute_dtype: bfloat16`` the weights and biases of the encoder's and the memory's linear and
+        convolution layers are bfloat16 copies inside it, made once on entry from the float32 weights (which the
+        optimizer keeps and which are back on exit): autocast would cast every one of them again at every step, since
+        its cache lives only as long as one ``autocast()`` region. The products are the ones autocast computes, with
+        the same bfloat16 weights; the layer norms, the gates' biases, the positional table, the recurrent layers
+        and the heads keep their float32 weights, as under autocast. Nothing changes with float32 compute.
+        """
+        if not self.bfloat16:
+            yield
+            return
+        kept = [
+            (module, name, getattr(module, name))
+            for part in (self.encoder, self.memory)
+            for module in part.modules()
+            if isinstance(module, nn.Linear | nn.Conv2d)
+            for name in ("weight", "bias")
+            if getattr(module, name) is not None
+        ]
+        try:
+            for module, name, weight in kept:
+                setattr(module, name, nn.Parameter(weight.detach().to(torch.bfloat16), requires_grad=False))
+            yield
+        finally:
+            for module, name, weight in kept:
+                setattr(module, name, weight)
 
     @property
     def storage_dtype(self) -> torch.dtype | dict[str, torch.dtype]:

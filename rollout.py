@@ -86,20 +86,22 @@ class RolloutCollector:
         """Collect T steps from every worker into the buffer, then compute advantages."""
         self.model.eval()
         self.buffer.start_rollout()
-        self.model.memory.sync(self.state)
         episodes: dict[str, list[float]] = defaultdict(list)
-        for t in range(self.worker_steps):
-            actions = self.policy_step(t)
-            result = self.workers.step(actions.cpu().numpy())
-            self.record_outcome(t, result)
-            for episode in result.episodes:
-                for key, value in episode.items():
-                    episodes[key].append(float(value))
+        with self.model.fixed_weights():  # bfloat16 compute: the weights cast once per rollout, not at every step
+            self.model.memory.sync(self.state)
+            for t in range(self.worker_steps):
+                actions = self.policy_step(t)
+                result = self.workers.step(actions.cpu().numpy())
+                self.record_outcome(t, result)
+                for episode in result.episodes:
+                    for key, value in episode.items():
+                        episodes[key].append(float(value))
+            # The bootstrap value uses exactly the memory the next rollout step will use.
+            bootstrap = self.values(self.obs)
         if self.reward_scaler is not None:
             ended = self.buffer.terminated | self.buffer.truncated
             self.buffer.rewards = self.reward_scaler.scale(self.buffer.rewards, ended, self.ranks)
-        # The bootstrap value uses exactly the memory the next rollout step will use.
-        self.buffer.compute_advantages(self.values(self.obs), self.gamma, self.lamda)
+        self.buffer.compute_advantages(bootstrap, self.gamma, self.lamda)
         return RolloutStats(dict(episodes))
 
     def policy_step(self, t: int) -> torch.Tensor:

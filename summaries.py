@@ -47,11 +47,15 @@ class Summaries:
         self.summary_dir = summary_dir
         self.writer = SummaryWriter(summary_dir)
 
-    def write_config(self, config: dict, command: str) -> None:
-        """The config (as YAML) and the command line, under TensorBoard's Text tab."""
+    def write_config(self, config: dict, command: str, ran: dict[str, str] | None = None) -> None:
+        """The config (as YAML), the command line and ``ran``, what ran where the machine changed the config's
+        choice (e.g. ``compute_dtype``: float32 for bfloat16 on a CPU without bfloat16 units), under TensorBoard's
+        Text tab."""
         text = yaml.safe_dump(config, sort_keys=False)
         self.writer.add_text("config", "    " + text.replace("\n", "\n    "), 0)  # indented: shown as code
         self.writer.add_text("command", f"    {command}", 0)
+        if ran:
+            self.writer.add_text("ran", "    " + yaml.safe_dump(ran, sort_keys=False).replace("\n", "\n    "), 0)
 
     def update(
         self, env_steps: int, episodes: dict[str, list[float]], stats: dict[str, float], sps: float, seconds: dict[str, float]
@@ -82,11 +86,14 @@ class Summaries:
             if key.startswith("grad_norm/"):
                 self.writer.add_scalar(key, value, env_steps)
 
-    def hparams(self, config: dict, final: dict[str, float], env_steps: int) -> None:
-        """The config and the last update's episode means in TensorBoard's HParams tab, so that runs compare in one
-        table (lists and other non-scalar values as text)."""
+    def hparams(self, config: dict, final: dict[str, float], env_steps: int, compute_dtype: str | None = None) -> None:
+        """The config (with ``compute_dtype_ran``, the compute dtype that ran, where given) and the last update's
+        episode means in TensorBoard's HParams tab, so that runs compare in one table (lists and other non-scalar
+        values as text)."""
+        ran = {} if compute_dtype is None else {"compute_dtype_ran": compute_dtype}
         flat = {
-            key: value if isinstance(value, int | float | str | bool) else str(value) for key, value in flatten(config).items()
+            key: value if isinstance(value, int | float | str | bool) else str(value)
+            for key, value in {**flatten(config), **ran}.items()
         }
         self.writer.add_hparams(
             flat, {f"final/{key}_mean": value for key, value in final.items()}, run_name=".", global_step=env_steps

@@ -27,6 +27,7 @@ from evaluation import evaluate, metric_means, record_episode
 from model import ActorCriticModel
 from normalization import RewardScaler
 from ppo import NonFiniteError, PPOLearner
+from precision import runnable_compute_dtype
 from rollout import RolloutCollector, RolloutStats
 from summaries import Summaries, console_line
 from worker import WorkerError, Workers, environment_processes, usable_cores
@@ -86,7 +87,7 @@ class PPOTrainer:
         obs_shape = observations.shape_of(self.workers.observation_space)
         actions = self.workers.action_spec
         try:
-            self.model = ActorCriticModel(config, obs_shape, actions, memory_path).to(device)
+            self.model = make_model(config, obs_shape, actions, memory_path, device, ranks.main)
         except ValueError as error:  # e.g. an option the model does not implement for these observations
             self.workers.close()
             raise ConfigError(f"the model cannot be built for this environment: {error}") from None
@@ -117,7 +118,7 @@ class PPOTrainer:
         self.summary_dir = self.progress.summary_dir
         self.summaries = Summaries(self.summary_dir) if ranks.main else None
         if self.summaries is not None:
-            self.summaries.write_config(config.to_dict(), " ".join(sys.argv))
+            self.summaries.write_config(config.to_dict(), " ".join(sys.argv), {"compute_dtype": self.model.compute_dtype})
         check_identical(self.model, ranks)
         self.snapshot: dict | None = None
 
@@ -213,7 +214,7 @@ class PPOTrainer:
                     self.evaluate()
             save_snapshot(self.snapshot, self.checkpoint_path, self.model_path)
             if self.ranks.main:
-                self.summaries.hparams(config.to_dict(), last_means, self.progress.env_steps)
+                self.summaries.hparams(config.to_dict(), last_means, self.progress.env_steps, self.model.compute_dtype)
         except (KeyboardInterrupt, Exception) as error:
             self._stop(error)
         finally:
@@ -240,6 +241,15 @@ class PPOTrainer:
         self.workers.close()
         if self.summaries is not None:
             self.summaries.close()
+
+
+def make_model(
+    config: Config, obs_shape: observations.Shape, actions: object, memory_path: str, device: torch.device, say: bool
+) -> ActorCriticModel:
+    """The run's model on ``device``, computing in the dtype that runs there: bfloat16 falls back to float32 on a CPU
+    without bfloat16 units (precision.py), which ``say`` prints."""
+    compute_dtype = runnable_compute_dtype(config.compute_dtype, device, say)
+    return ActorCriticModel(config, obs_shape, actions, memory_path, compute_dtype).to(device)
 
 
 def save_snapshot(snapshot: dict | None, checkpoint_path: str, model_path: str) -> None:

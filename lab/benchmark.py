@@ -32,7 +32,10 @@ Each path runs in its own process, so its peak resident memory is its own. Times
 n_workers x worker_steps environment steps (model + environments), train = the PPO epochs on them,
 overall = both. FLOPs are counted with torch's FlopCounterMode on one rollout step and one minibatch
 (forward + backward); the share of peak compares the achieved model FLOP/s with a float32 matrix product
-measured on this machine in the same run. The last line is one JSON object.
+measured on this machine in the same run. A second line per path gives the dtype the products ran in, the model's
+FLOPs per environment step counted from the config (lab/flops.py: what the model needs, where FlopCounterMode counts
+what the kernels do and misses the CPU's fused attention and LSTM) and their share of that dtype's matrix-product
+rate (bfloat16's measured too where the machine has bfloat16 units). The last line is one JSON object.
 
 With --long-episodes every worker stays in one episode for the whole run, as in an Endless task (a random agent's
 Endless episode would end early): the model acts on a fixed random observation of the task's shape per worker, and
@@ -59,6 +62,7 @@ from config import MEMORY_TYPES, ConfigError, check_memory_path, load_config, pa
 from lab.gpu_check import parse_sizes, run_checks
 from lab.measure import measure, peak_rss_mb
 from model import ActorCriticModel
+from precision import runnable_compute_dtype
 from worker import Workers
 
 
@@ -70,10 +74,10 @@ def long_episode(config_path: str, overrides: dict, steps: int, device: torch.de
     obs_shape, action_dims = observations.shape_of(probe.observation_space), probe.action_spec
     probe.close()
     torch.manual_seed(0)
-    model = ActorCriticModel(config, obs_shape, action_dims).to(device).eval()
+    compute_dtype = runnable_compute_dtype(config.compute_dtype, device)
+    model = ActorCriticModel(config, obs_shape, action_dims, compute_dtype=compute_dtype).to(device).eval()
     n = config.n_workers
     state = model.memory.start(n, device)
-    model.memory.sync(state)
     rng = np.random.default_rng(0)
     shapes = obs_shape if isinstance(obs_shape, dict) else {"": obs_shape}
     random = {key: rng.random((n, *shape), dtype=np.float32) for key, shape in shapes.items()}
@@ -81,7 +85,8 @@ def long_episode(config_path: str, overrides: dict, steps: int, device: torch.de
     marks = sorted({min(1000, steps), steps})
     result = {"memory": config.memory, "workers": n, "episode_steps": steps, "marks": {}}
     window_start = time.perf_counter()
-    with torch.no_grad():
+    with torch.no_grad(), model.fixed_weights():
+        model.memory.sync(state)
         for step in range(1, steps + 1):
             model.act(obs, state, lambda policy: policy.sample())
             if step % 1000 == 0 or step in marks:
@@ -207,12 +212,25 @@ def scaling(args: dict, config: object, overrides: dict, counts: list[int]) -> i
     return 0
 
 
+# Beside the figures above, each path's: the dtype its products ran in, the float32 and bfloat16 (null where the
+# machine has no bfloat16 units) matrix-product rates, the model's MFLOP per environment step counted from the config
+# (lab/flops.py) for the rollout, the training and both, and the share of the ran dtype's rate they reach.
+ANALYTIC_KEYS = ("compute_dtype", "matmul_gflops", "matmul_bf16_gflops", "model_mflop_per_step", "share_of_dtype_matmul")
+
+
 def print_row(name: str, r: dict) -> None:
     """One console line of a measured path or memory."""
     print(f"{name:>6}: rollout {r['rollout_sps']:8.1f} steps/s  train {r['train_sps']:8.1f} steps/s  "
           f"overall {r['overall_sps']:8.1f} steps/s  peak RSS {r['peak_rss_mb']:7.0f} MB  "
           f"{r['mflop_per_step']:8.1f} MFLOP/step  {100 * r['peak_fraction']:5.1f}% of {r['matmul_gflops']:.0f} GFLOP/s",
           flush=True)  # fmt: skip
+    dtype, share = r["compute_dtype"], r["share_of_dtype_matmul"]
+    line = f"        {dtype}: {r['model_mflop_per_step']['total']:.1f} model MFLOP/step (counted from the config)"
+    if share["total"] is not None:
+        rate = r["matmul_bf16_gflops"] if dtype == "bfloat16" else r["matmul_gflops"]
+        line += (f", {100 * share['total']:.1f}% of the {rate:.0f} GFLOP/s of {dtype} products (rollout "
+                 f"{100 * share['rollout']:.1f}%, train {100 * share['train']:.1f}%)")  # fmt: skip
+    print(line, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -300,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     keys = ("rollout_sps", "train_sps", "overall_sps", "peak_rss_mb", "mflop_per_step", "peak_fraction")
     for name in paths + memories:
         summary[name] = {key: round(results[name][key], 4) for key in keys}
+        summary[name].update({key: results[name][key] for key in ANALYTIC_KEYS})
         if "peak_cuda_mb" in results[name]:
             summary[name]["peak_cuda_mb"] = round(results[name]["peak_cuda_mb"], 1)
     if "fast" in results and "plain" in results:

@@ -1,6 +1,8 @@
 """Measuring one memory path's training in this process: environment steps per second of the rollout and of the
 PPO epochs, peak memory, model FLOPs per environment step and their share of the machine's peak (a float32 matrix
-product measured in the same run). ``python -m lab.benchmark`` runs it in a child process per path or memory, and
+product measured in the same run), and the share of the matrix-product rate of the dtype that ran (float32, or
+bfloat16 where the machine has bfloat16 units) that the model's FLOPs counted from the config (lab/flops.py)
+reach. ``python -m lab.benchmark`` runs it in a child process per path or memory, and
 ``python -m lab.benchmark --gpu-check`` (lab/gpu_check.py) for its steps/s table.
 """
 
@@ -15,7 +17,9 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from config import load_config
+from lab.flops import model_flops, share_of_rate
 from ppo import forward_minibatch
+from precision import bfloat16_is_fast
 from trainer import PPOTrainer
 
 
@@ -33,9 +37,9 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def matmul_peak_gflops(device: torch.device, size: int = 2048, repeats: int = 5) -> float:
-    """Float32 matrix-product GFLOP/s of this machine (best of ``repeats``)."""
-    a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
+def matmul_peak_gflops(device: torch.device, size: int = 2048, repeats: int = 5, dtype: torch.dtype = torch.float32) -> float:
+    """Matrix-product GFLOP/s of this machine in ``dtype`` (best of ``repeats``)."""
+    a, b = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
     best = float("inf")
     for _ in range(repeats + 1):
         if device.type == "cuda":
@@ -101,14 +105,22 @@ def measure(config_path: str, overrides: dict, path: str, updates: int, device: 
     steps = updates * config.n_workers * config.worker_steps
     overall = steps / (rollout_s + train_s)
     peak = matmul_peak_gflops(device)
+    peak_bf16 = matmul_peak_gflops(device, dtype=torch.bfloat16) if bfloat16_is_fast(device) else None
+    flops = model_flops(config, trainer.model.observation_shape, trainer.model.actions)
+    rate = peak_bf16 if trainer.model.compute_dtype == "bfloat16" else peak  # the products' dtype: what ran
+    rates = {"rollout": steps / rollout_s, "train": steps / train_s, "total": overall}
     result = {
-        "rollout_sps": steps / rollout_s,
-        "train_sps": steps / train_s,
+        "rollout_sps": rates["rollout"],
+        "train_sps": rates["train"],
         "overall_sps": overall,
         "peak_rss_mb": peak_rss_mb(),
         "mflop_per_step": mflop,
         "peak_fraction": mflop * 1e6 * overall / (peak * 1e9),
         "matmul_gflops": peak,
+        "compute_dtype": trainer.model.compute_dtype,
+        "matmul_bf16_gflops": peak_bf16,
+        "model_mflop_per_step": {phase: flops[phase] / 1e6 for phase in ("rollout", "train", "total")},
+        "share_of_dtype_matmul": {phase: share_of_rate(flops[phase], sps, rate) for phase, sps in rates.items()},
         "memory_length": config.transformer.memory_length,
         "workers": config.n_workers,
         "steps": config.worker_steps,

@@ -1,4 +1,5 @@
-"""compute_dtype: bfloat16 matrix products under torch.autocast, against float32 within a stated tolerance."""
+"""compute_dtype: bfloat16 matrix products under torch.autocast, against float32 within a stated tolerance; the
+rollout's bfloat16 weight copies (``ActorCriticModel.fixed_weights``); float32 where the CPU has no bfloat16 units."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ import pytest
 import torch
 from conftest import collect_random_rollout, small_config, train_small
 
+import precision
 from buffer import Buffer
 from model import ActorCriticModel
 from ppo import forward_minibatch
+from precision import compute_dtype_for
 
 # bfloat16 keeps 8 bits of mantissa (a relative error of about 0.4% per rounding); through a few small layers the
 # log-probabilities and values of these tiny models stay within 0.03 of float32's.
@@ -103,3 +106,106 @@ def test_recurrent_layer_runs_in_float32_under_bfloat16(memory: str) -> None:
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, expected)
     torch.testing.assert_close(final, expected_final)
+
+
+def image_pair() -> tuple[ActorCriticModel, ActorCriticModel]:
+    """``pair`` with an image encoder (the convolution on uint8 levels) and a GTrXL memory."""
+    torch.manual_seed(0)
+    configs = [small_config(transformer={"gtrxl": True}, compute_dtype=dtype) for dtype in ("float32", "bfloat16")]
+    float32, bfloat16 = (ActorCriticModel(config, (3, 36, 36), [3]) for config in configs)
+    bfloat16.load_state_dict(float32.state_dict())
+    return float32, bfloat16
+
+
+@pytest.mark.parametrize("memory", ["trxl", "gru", "none", "image"])
+def test_fixed_weights_give_what_autocast_gives(memory: str) -> None:
+    """A rollout's steps with the bfloat16 copies of ``fixed_weights`` give autocast's outputs: the same bfloat16
+    weights in the same products (the uint8 convolution divides its bfloat16 weight by 255 in bfloat16, one
+    rounding apart, hence a tolerance of a bfloat16 rounding or two)."""
+    model = image_pair()[1] if memory == "image" else pair(memory)[1]
+    shape = (3, 36, 36) if memory == "image" else (3,)
+    states = [model.memory.start(4, torch.device("cpu")) for _ in range(2)]
+    parameters = {name: p for name, p in model.named_parameters()}
+    generator = torch.Generator().manual_seed(1)
+    actions = torch.zeros(4, 1, dtype=torch.long)
+    with torch.no_grad():
+        for state in states:
+            model.memory.sync(state)
+        for _ in range(8):
+            obs = model.prepare(torch.rand(4, *shape, generator=generator).numpy())
+            with model.fixed_weights():
+                copies = {name: p for name, p in model.named_parameters()}
+                fixed = model.act(obs, states[0], lambda policy: policy.sample(True))[1]
+            per_call = model.act(obs, states[1], lambda policy: policy.sample(True))[1]
+            torch.testing.assert_close(fixed.value, per_call.value, atol=0.01, rtol=0)
+            torch.testing.assert_close(fixed.policy.log_prob(actions), per_call.policy.log_prob(actions), atol=0.01, rtol=0)
+    copied = [name for name, p in copies.items() if p.dtype == torch.bfloat16]
+    assert copied and all(name.startswith(("encoder.", "memory.")) for name in copied), "only encoder and memory copied"
+    assert not any(name.startswith(("policy.", "value.")) for name in copied), "the heads stay float32"
+    assert all(p is parameters[name] for name, p in model.named_parameters()), "the optimizer's parameters are back"
+
+
+def test_each_rollout_uses_the_weights_of_its_update() -> None:
+    """The bfloat16 copies are made at every rollout's start: after the weights change (as an optimizer step changes
+    them, in place), the next rollout's values are those of the new weights, not of copies of the old ones."""
+    float32, model = pair("trxl")
+    n, t = 3, 12
+    cpu = torch.device("cpu")
+    buffer = Buffer(n, t, (3,), torch.float32, 1, model.memory.trace(n, t, cpu), cpu)
+    collector = collect_random_rollout(model, buffer, (3,))
+    old = ActorCriticModel(small_config(compute_dtype="bfloat16"), (3,), [3])
+    old.load_state_dict(model.state_dict())
+    with torch.no_grad():  # an update that moves the encoder's and the memory's weights, in place
+        generator = torch.Generator().manual_seed(2)
+        for part in (model.encoder, model.memory):
+            for parameter in part.parameters():
+                parameter.add_(0.3 * torch.randn(parameter.shape, generator=generator))
+    collector.collect()
+    for minibatch in buffer.minibatches(3, 4, torch.Generator().manual_seed(1)):
+        with torch.no_grad():
+            fresh = forward_minibatch(model, minibatch).value
+            stale = forward_minibatch(old, minibatch).value
+        torch.testing.assert_close(minibatch.values, fresh, atol=TOLERANCE, rtol=0)
+        assert (minibatch.values - stale).abs().max() > 3 * TOLERANCE, "the change of weights is large enough to tell"
+
+
+def test_bfloat16_runs_as_float32_on_a_cpu_without_bfloat16_units() -> None:
+    dtype, message = compute_dtype_for("bfloat16", "cpu", [])
+    assert dtype == "float32"
+    assert "amx_bf16" in message and "avx512_bf16" in message and "float32" in message
+
+
+@pytest.mark.parametrize(
+    ("requested", "device_type", "units"),
+    [("bfloat16", "cpu", ["amx_bf16"]), ("bfloat16", "cpu", ["avx512_bf16"]), ("bfloat16", "cuda", []),
+     ("float32", "cpu", []), ("float32", "cpu", ["amx_bf16"])],
+)  # fmt: skip
+def test_compute_dtype_runs_as_asked_where_it_pays(requested: str, device_type: str, units: list[str]) -> None:
+    assert compute_dtype_for(requested, device_type, units) == (requested, None)
+
+
+@pytest.mark.parametrize(("units", "ran"), [([], "float32"), (["amx_bf16"], "bfloat16")])
+def test_the_trainer_runs_and_records_the_dtype_the_cpu_supports(
+    tmp_path: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, units: list[str], ran: str
+) -> None:
+    import glob
+    import os
+
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    from trainer import PPOTrainer
+
+    monkeypatch.setattr(precision, "cpu_bfloat16_units", lambda: units)
+    config = small_config(compute_dtype="bfloat16", eval_interval=0)
+    trainer = PPOTrainer(config, "ran", torch.device("cpu"), models_dir=str(tmp_path), summaries_dir=str(tmp_path))
+    trainer.close()
+    assert trainer.model.compute_dtype == ran and trainer.model.bfloat16 == (ran == "bfloat16")
+    assert ("has no bfloat16 matrix unit" in capsys.readouterr().out) == (ran == "float32")
+    texts = [
+        value.tensor.string_val[0].decode()
+        for file in glob.glob(os.path.join(trainer.summary_dir, "**", "events.out.tfevents.*"), recursive=True)
+        for event in EventFileLoader(file).Load()
+        for value in event.summary.value
+        if value.tag.startswith("ran")
+    ]
+    assert texts == [f"    compute_dtype: {ran}\n    "]
