@@ -18,8 +18,9 @@ lint: install-dev
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .
 
+# The whole suite (what CI runs), on two processes.
 test: lint
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q -n 2
 
 # The loop while editing: the tests not marked slow (no training runs, no scripts started as subprocesses), on two
 # processes; `make test` (what CI runs) is the whole suite.

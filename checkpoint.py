@@ -25,9 +25,8 @@ from config import Config, ConfigError, validate_config, with_saved_defaults
 from distributed import SINGLE, Ranks, gather_to_main
 from environments.action_spec import ActionSpec
 from memories.base import MemoryState, MemoryTrace
-from model import ActorCriticModel
+from model import ActorCriticModel, runnable_compute_dtype
 from normalization import RewardScaler
-from precision import runnable_compute_dtype
 
 
 def atomic_save(payload: dict, path: str) -> None:

@@ -24,10 +24,9 @@ from config import Config, ConfigError, check_memory_path
 from distributed import SINGLE, Ranks, all_gather, check_identical, wait_for_main
 from environments import agents_per_env
 from evaluation import evaluate, metric_means, record_episode
-from model import ActorCriticModel
+from model import ActorCriticModel, runnable_compute_dtype
 from normalization import RewardScaler
 from ppo import NonFiniteError, PPOLearner
-from precision import runnable_compute_dtype
 from rollout import RolloutCollector, RolloutStats
 from summaries import Summaries, console_line
 from worker import WorkerError, Workers, environment_processes, usable_cores
@@ -247,7 +246,7 @@ def make_model(
     config: Config, obs_shape: observations.Shape, actions: object, memory_path: str, device: torch.device, say: bool
 ) -> ActorCriticModel:
     """The run's model on ``device``, computing in the dtype that runs there: bfloat16 falls back to float32 on a CPU
-    without bfloat16 units (precision.py), which ``say`` prints."""
+    without bfloat16 units (model.py), which ``say`` prints."""
     compute_dtype = runnable_compute_dtype(config.compute_dtype, device, say)
     return ActorCriticModel(config, obs_shape, actions, memory_path, compute_dtype).to(device)
 

@@ -61,8 +61,7 @@ from cli import ROOT, module_environment, parse_args, shipped_path
 from config import MEMORY_TYPES, ConfigError, check_memory_path, load_config, parse_overrides
 from lab.gpu_check import parse_sizes, run_checks
 from lab.measure import measure, peak_rss_mb
-from model import ActorCriticModel
-from precision import runnable_compute_dtype
+from model import ActorCriticModel, runnable_compute_dtype
 from worker import Workers
 
 

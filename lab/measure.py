@@ -18,8 +18,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from config import load_config
 from lab.flops import model_flops, share_of_rate
+from model import bfloat16_is_fast
 from ppo import forward_minibatch
-from precision import bfloat16_is_fast
 from trainer import PPOTrainer
 
 

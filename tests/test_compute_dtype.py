@@ -7,11 +7,10 @@ import pytest
 import torch
 from conftest import collect_random_rollout, small_config, train_small
 
-import precision
+import model as precision
 from buffer import Buffer
-from model import ActorCriticModel
+from model import ActorCriticModel, compute_dtype_for
 from ppo import forward_minibatch
-from precision import compute_dtype_for
 
 # bfloat16 keeps 8 bits of mantissa (a relative error of about 0.4% per rounding); through a few small layers the
 # log-probabilities and values of these tiny models stay within 0.03 of float32's.
