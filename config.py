@@ -109,6 +109,7 @@ class TransformerConfig:
     query_position: bool
     positional_values: bool
     recency_bias: bool
+    output_norm: bool
 
 
 @dataclass(frozen=True)
@@ -264,6 +265,16 @@ TRANSFORMER_SCHEMA: dict[str, tuple] = {
         "also add ALiBi's fixed recency bias (-slope x distance per head) to the attention scores, on top of a "
         "`relative`, `learned` or `rotary` `positional_encoding` (`alibi` has it already; setting both is refused): "
         "attention knows when in the episode a step was and prefers recent steps",
+    ),
+    "output_norm": (
+        bool,
+        False,
+        None,
+        (
+            "a LayerNorm on the last block's output before the policy and value heads, as pre-norm transformers end "
+            "(the reference has none): the heads see features of a fixed scale however the residual stream grows, "
+            "as an LSTM's bounded output is"
+        ),
     ),
     "positional_values": (
         bool,
@@ -754,6 +765,7 @@ SAVED_DEFAULTS = {
     "transformer.query_position": False,
     "transformer.positional_values": True,
     "transformer.memory_gradients": False,
+    "transformer.output_norm": False,
 }
 
 

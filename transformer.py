@@ -270,6 +270,7 @@ class Transformer(nn.Module):
             # One table for all blocks, initialised as the reference does.
             self.learned_positions = nn.Parameter(torch.randn(LEARNED_POSITIONS, config.embed_dim))
         self.blocks = nn.ModuleList([TransformerBlock(config) for _ in range(config.num_blocks)])
+        self.output_norm = nn.LayerNorm(config.embed_dim) if config.output_norm else None
         self.recency_bias = config.positional_encoding == "alibi" or config.recency_bias
         if self.recency_bias:
             self.register_buffer("alibi_slopes", alibi_slopes(config.num_heads).view(1, -1, 1, 1), persistent=False)
@@ -363,6 +364,8 @@ class Transformer(nn.Module):
             h, w = block(h, k, v, attention_mask, return_weights, query_position)
             if return_weights:
                 weights.append(w)
+        if self.output_norm is not None:
+            h = self.output_norm(h)
         return h, torch.stack(tokens, dim=2), weights
 
     def attention_mask(

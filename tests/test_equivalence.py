@@ -26,6 +26,7 @@ OPTIONS += [(encoding, "pre", False) for encoding in ("rotary", "alibi")] + [
     (encoding, layer_norm, True) for encoding in ("rotary", "alibi") for layer_norm in ("", "post")
 ]
 OPTIONS += [("relative+bias", "pre", False), ("learned+bias", "post", True), ("rotary+bias", "", True)]
+OPTIONS += [("relative+norm", "pre", False), ("alibi+norm", "post", True)]  # a LayerNorm on the output: output_norm
 N, T, L, OBS = 3, 12, 5, 4
 
 
@@ -35,8 +36,14 @@ def make_model(
 ) -> ActorCriticModel:  # fmt: skip
     """The same weights for every path and option that does not add parameters."""
     torch.manual_seed(0)
-    encoding, _, bias = positional_encoding.partition("+")  # "relative+bias": with recency_bias
-    options = {"positional_encoding": encoding, "recency_bias": bool(bias), "layer_norm": layer_norm, "gtrxl": gtrxl}
+    encoding, *extras = positional_encoding.split("+")  # "relative+bias": with recency_bias; "+norm": output_norm
+    options = {
+        "positional_encoding": encoding,
+        "recency_bias": "bias" in extras,
+        "output_norm": "norm" in extras,
+        "layer_norm": layer_norm,
+        "gtrxl": gtrxl,
+    }
     options.update(gtrxl_bias=1.0, memory_length=L, memory_gradients=memory_gradients, query_position=query_position)
     options.update(positional_values=positional_values)
     config = small_config(options, n_workers=N, worker_steps=T, sequence_length=4, n_mini_batch=3, memory_dtype=memory_dtype)

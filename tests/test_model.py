@@ -21,6 +21,7 @@ OPTIONS += [(encoding, "pre", False) for encoding in ("rotary", "alibi")] + [
     (encoding, layer_norm, True) for encoding in ("rotary", "alibi") for layer_norm in ("", "post")
 ]
 OPTIONS += [("relative+bias", "pre", False), ("learned+bias", "post", True), ("rotary+bias", "", True)]
+OPTIONS += [("relative+norm", "pre", False)]  # a LayerNorm on the output: output_norm
 
 
 def window_output(
@@ -34,9 +35,9 @@ def window_output(
 
 
 def transformer_options(positional_encoding: str, layer_norm: str, gtrxl: bool) -> dict:
-    encoding, _, bias = positional_encoding.partition("+")  # "relative+bias": with recency_bias
-    return {"positional_encoding": encoding, "recency_bias": bool(bias), "layer_norm": layer_norm, "gtrxl": gtrxl,
-            "gtrxl_bias": 1.0}  # fmt: skip
+    encoding, *extras = positional_encoding.split("+")  # "relative+bias": with recency_bias; "+norm": output_norm
+    options = {"positional_encoding": encoding, "recency_bias": "bias" in extras, "output_norm": "norm" in extras}
+    return {**options, "layer_norm": layer_norm, "gtrxl": gtrxl, "gtrxl_bias": 1.0}
 
 
 @pytest.mark.parametrize("positional_encoding,layer_norm,gtrxl", OPTIONS)
