@@ -32,6 +32,12 @@ FLAGS_END = "<!-- end of the flag table -->"
 FLAG_PAGES = {
     "train.py": "docs/training.md",
     "enjoy.py": "docs/evaluation.md",
+    "lab/experiment.py": "docs/experiments.md",
+    "lab/plot.py": "docs/experiments.md",
+    "lab/panel.py": "docs/experiments.md",
+    "lab/tune.py": "docs/tuning.md",
+    "lab/benchmark.py": "docs/benchmark.md",
+    "lab/docs.py": "docs/testing.md",
 }
 # A word of a usage text that is code on a page: a flag, a key=value, a path, a <placeholder>, a file extension, a
 # CONSTANT_NAME, a snake_case_name, a file name, a comma-separated list of values ("1,2,4"). "K/V" stays a word: a
