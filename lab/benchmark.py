@@ -10,15 +10,17 @@ Options:
   --workers=<n>            n_workers (default: the config's).
   --steps=<n>              worker_steps (default: the config's).
   --updates=<n>            Measured updates per path, after one warm-up update [default: 2].
-  --paths=<list>           Comma-separated memory paths to measure [default: fast,plain].
-  --memories=<list>        Also measure these memories (of gru, lstm, none, trxl) with the same config, e.g. gru,none.
-  --long-episodes=<steps>  Instead: rollout steps of one unending episode per worker (no environment, no training):
-                           steps/s and peak RSS after 1000 and <steps> episode steps, for the configured memory and
-                           --memories.
+  --paths=<list>           Comma-separated memory paths to measure: "fast", "plain" or both [default: fast,plain].
+  --memories=<list>        Also measure these memories (of "gru", "lstm", "none", "trxl") with the same config, e.g. gru,none.
+  --long-episodes=<steps>  Instead: rollout steps of one unending episode per worker (no environment, no training:
+                           the model and its memory on fixed random observations of the task's shape): steps/s and
+                           peak RSS after 1000 and <steps> episode steps, for the configured memory and --memories; a
+                           worker's memory should not grow with its episode.
   --sweep=<lengths>        Also measure fast-path rollout steps/s at these memory lengths, e.g. 32,64,128,256.
   --processes=<list>       Instead: train.py on 1..P processes through torchrun, e.g. 1,2,4 (same config, same
-                           n_workers split over the processes, each with cores / P threads): steps/s overall and per
-                           process, scaling efficiency against 1 process, peak RSS of the largest process.
+                           n_workers split over the processes, each with cores / P threads; each P must divide
+                           n_workers, and on CUDA be at most the GPU count): steps/s overall and per process, scaling
+                           efficiency against 1 process, peak RSS of the largest process.
   --gpu-check              Instead: the checks for a GPU machine (lab/gpu_check.py: learning, fast == plain, CPU vs
                            device, bfloat16, compile, torchrun) and a steps/s table; with --cpu on the CPU.
   --check-sizes=<list>     Sizes (workers x steps) of --gpu-check's table [default: 8x128,32x512].

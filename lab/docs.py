@@ -1,6 +1,6 @@
 """Write the generated parts of the docs, so that each is written once: the configuration reference's key table from
-config.py's schema, and the flag tables of train.py and enjoy.py from their usage texts (tests/test_docs.py fails
-when a page differs from what this writes).
+config.py's schema, and the flag table of each command (train.py, enjoy.py, the lab's tools) from its usage text
+(tests/test_docs.py fails when a page differs from what this writes).
 
 Usage:
   python -m lab.docs [--write]
@@ -13,11 +13,10 @@ Options:
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 
-import enjoy
-import train
 from cli import ROOT, parse_args, public_help
 from config import RECURRENCE_SCHEMA, REQUIRED, SCHEMA, TRANSFORMER_SCHEMA
 
@@ -28,16 +27,26 @@ END = "<!-- end of the config table -->"
 SECTIONS = {"transformer": TRANSFORMER_SCHEMA, "recurrence": RECURRENCE_SCHEMA}
 FLAGS_BEGIN = "<!-- flag table: written by `python -m lab.docs --write` from {script}'s usage text; do not edit by hand -->"
 FLAGS_END = "<!-- end of the flag table -->"
-# script: (its usage text, the page whose flag table it writes)
+# script: the page that holds its flag table (a page may hold several, each between markers naming its script).
+# Every script of the repository with a usage text is here; tests/test_docs.py checks that none is missing.
 FLAG_PAGES = {
-    "train.py": (train.__doc__, os.path.join(ROOT, "docs", "training.md")),
-    "enjoy.py": (enjoy.__doc__, os.path.join(ROOT, "docs", "evaluation.md")),
+    "train.py": "docs/training.md",
+    "enjoy.py": "docs/evaluation.md",
+    "lab/experiment.py": "docs/experiments.md",
+    "lab/plot.py": "docs/experiments.md",
+    "lab/panel.py": "docs/experiments.md",
+    "lab/tune.py": "docs/tuning.md",
+    "lab/benchmark.py": "docs/benchmark.md",
+    "lab/docs.py": "docs/testing.md",
 }
 # A word of a usage text that is code on a page: a flag, a key=value, a path, a <placeholder>, a file extension, a
-# CONSTANT_NAME. "K/V" stays a word: a path has a lower-case letter or a placeholder.
+# CONSTANT_NAME, a snake_case_name, a file name, a comma-separated list of values ("1,2,4"). "K/V" stays a word: a
+# path has a lower-case letter or a placeholder; "==" is no key=value.
 CODE_WORD = re.compile(
-    r"--[a-z][\w-]*|\S*=\S*|\S*[a-z<]\S*/\S*|\S*/\S*[a-z<]\S*|\S*<\w+>\S*|\.[a-z0-9]+|[A-Z][A-Z0-9]*_[A-Z0-9_]+|\w+\.py"
+    r"--[a-z][\w-]*|[^\s=]+=\S*|\S*[a-z<]\S*/\S*|\S*/\S*[a-z<]\S*|\S*<\w+>\S*|\.[a-z0-9]+|[A-Z][A-Z0-9]*_[A-Z0-9_]+"
+    r"|[a-z][a-z0-9]*_[a-z0-9_]+|[\w-]+\.(?:py|json|yaml|md|log|nn|pt|png)|[\w-]+(?:,[\w-]+)+"
 )
+RATE = re.compile(r"\w+/s")  # "steps/s" is a rate, no path
 
 
 def format_default(default: object) -> str:
@@ -79,33 +88,36 @@ def config_table() -> str:
 
 
 def with_table(text: str, table: str, begin: str = BEGIN, end: str = END) -> str:
-    """``text`` with the part between the ``begin`` and ``end`` markers replaced by ``table``.
+    """``text`` with the part between the ``begin`` marker and the first ``end`` marker after it replaced by ``table``.
 
-    :param text: a page holding both markers, each on its own line
+    :param text: a page holding both markers, each on its own line, the begin marker once (a page with several tables
+        has a begin marker for each, naming its source, and the same end marker after each)
     :param table: what goes between them
     :param begin: the opening marker
     :param end: the closing marker
     :return: the new page
     """
-    if text.count(begin) != 1 or text.count(end) != 1:
-        raise ValueError(f"the page needs one line '{begin}' and one line '{end}'")
+    if text.count(begin) != 1 or end not in text.split(begin)[-1]:
+        raise ValueError(f"the page needs one line '{begin}' and after it a line '{end}'")
     head, rest = text.split(begin)
     return f"{head}{begin}\n{table}\n{end}{rest.split(end, 1)[1]}"
 
 
 def as_markdown(text: str) -> str:
     """A usage text's words as a table cell shows them: flags, paths, placeholders and the like in code spans (a bare
-    ``<id>`` would be read as an HTML tag), quoted values as code.
+    ``<id>`` would be read as an HTML tag), quoted values (one word, or the whole text) as code.
 
     :param text: a flag's description from a usage text, on one line
     :return: the markdown
     """
-    text = re.sub(r'"(\w+)"', r"`\1`", text)
+    if re.fullmatch(r'"[^"]*"', text):
+        return f"`{text[1:-1]}`"
+    text = re.sub(r'"([^"\s]+)"', r"`\1`", text)
     words = []
     for word in text.split(" "):
-        # punctuation of the sentence around the word stays outside its code span
-        lead, core, tail = re.fullmatch(r"(\(?)(.*?)([).,;:]*)", word).groups()
-        if core and not core.startswith("`") and CODE_WORD.fullmatch(core):
+        # punctuation of the sentence around the word, and a possessive 's, stay outside its code span
+        lead, core, tail = re.fullmatch(r"(\(?)(.*?)((?:'s)?[).,;:]*)", word).groups()
+        if core and not core.startswith("`") and CODE_WORD.fullmatch(core) and not RATE.fullmatch(core):
             core = f"`{core}`"
         words.append(lead + core + tail)
     # "--set updates=10" is one piece of code, not two
@@ -113,31 +125,40 @@ def as_markdown(text: str) -> str:
 
 
 def usage_options(doc: str) -> list[tuple[str, str, str]]:
-    """The options of a docopt usage text, as the reader sees them in ``--help`` (no internal ones, no ``--help``).
+    """The arguments and options of a docopt usage text, as the reader sees them in ``--help`` (no internal ones, no
+    ``--help``). A description ending in "(default: ...)" or "[default: ...]" gives the default, one ending in
+    "(required)" the default "required".
 
     :param doc: the usage text
-    :return: (flag as written, e.g. "--seed=<n>"; its default or ""; its description on one line), in the text's order
+    :return: (argument or flag as written, e.g. "<experiment>" or "--seed=<n>"; its default or ""; its description
+        on one line), in the text's order
     """
-    options: list[list[str]] = []
-    for line in public_help(doc).split("Options:", 1)[1].splitlines():
-        option = re.match(r"^  (-\S+(?: -\S+)*)\s{2,}(\S.*)$", line)
-        if option:
-            options.append([option.group(1), option.group(2)])
-        elif line.startswith("    ") and options:
-            options[-1][1] += " " + line.strip()
-    rows = []
-    for flag, text in options:
-        if flag.startswith("-h"):
+    entries: list[list[str]] = []
+    section = ""
+    for line in public_help(doc).splitlines():
+        if line and not line.startswith(" "):
+            section = line  # "Arguments:", "Options:", or the prose after them
             continue
-        default = re.search(r" ?[\[(]default: (.*?)[\])]\.?$", text)
+        if section not in ("Arguments:", "Options:"):
+            continue
+        entry = re.match(r"^  (<\S+>|-\S+(?: -\S+)*)\s{2,}(\S.*)$", line)
+        if entry:
+            entries.append([entry.group(1), entry.group(2)])
+        elif line.startswith("    ") and entries:
+            entries[-1][1] += " " + line.strip()
+    rows = []
+    for name, text in entries:
+        if name.startswith("-h"):
+            continue
+        default = re.search(r" ?(?:[\[(]default: (.*?)[\])]|\((required)\))\.?$", text)
         if default:
             text = text[: default.start()] + ("." if text.endswith(".") else "")
-        rows.append((flag, default.group(1) if default else "", text))
+        rows.append((name, next((group for group in default.groups() if group), "") if default else "", text))
     return rows
 
 
 def flag_table(doc: str) -> str:
-    """The flag table of a command: flag, default and meaning, each row from the usage text's option.
+    """The flag table of a command: argument or flag, default and meaning, each row from the usage text's entry.
 
     :param doc: the command's usage text
     :return: the markdown table, without a final newline
@@ -145,15 +166,32 @@ def flag_table(doc: str) -> str:
     rows = ["| flag | default | meaning |", "|---|---|---|"]
     for flag, default, text in usage_options(doc):
         if not default:
-            default = "" if "=" in flag else "off"
+            default = "" if "=" in flag or flag.startswith("<") else "off"
+        elif default == "required" or re.fullmatch(r"[\d.]+", default):
+            pass
         elif " " not in default:
-            default = default if re.fullmatch(r"[\d.]+", default) else f"`{default}`"
+            default = f"`{default}`"
         else:
             default = as_markdown(default)
         # a cell reads as the rest of a sentence ("seed of the model"), but "YAML config" keeps its capitals
-        meaning = as_markdown((text[0].lower() if text[1:2].islower() else text[0]) + text[1:].rstrip("."))
+        first = text[0] if re.match(r"[A-Z]{2,}\b", text) else text[0].lower()
+        meaning = as_markdown(first + text[1:].rstrip("."))
         rows.append(f"| `{flag}` | {default} | {meaning} |")
     return "\n".join(rows)
+
+
+def usage_text(script: str) -> str:
+    """A script's usage text, its module docstring, read from the source: importing the lab's tools would import
+    torch, Optuna and the rest for a page of text.
+
+    :param script: the script's path relative to the repository root, e.g. "lab/tune.py"
+    :return: the docstring
+    """
+    with open(os.path.join(ROOT, script), encoding="utf-8") as file:
+        doc = ast.get_docstring(ast.parse(file.read()), clean=False)
+    if not doc or "Usage:" not in doc:
+        raise ValueError(f"{script} has no usage text (a module docstring with 'Usage:')")
+    return doc
 
 
 def generated_pages() -> dict[str, str]:
@@ -163,9 +201,13 @@ def generated_pages() -> dict[str, str]:
     """
     with open(CONFIGURATION, encoding="utf-8") as file:
         pages = {CONFIGURATION: with_table(file.read(), config_table())}
-    for script, (doc, path) in FLAG_PAGES.items():
-        with open(path, encoding="utf-8") as file:
-            pages[path] = with_table(file.read(), flag_table(doc), FLAGS_BEGIN.format(script=script), FLAGS_END)
+    for script, page in FLAG_PAGES.items():
+        path = os.path.join(ROOT, page)
+        if path not in pages:
+            with open(path, encoding="utf-8") as file:
+                pages[path] = file.read()
+        begin = FLAGS_BEGIN.format(script=script)
+        pages[path] = with_table(pages[path], flag_table(usage_text(script)), begin, FLAGS_END)
     return pages
 
 

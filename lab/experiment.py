@@ -7,13 +7,20 @@ Usage:
 
 Options:
   --config=<path>       YAML config of every seed's run (required).
-  --seeds=<seeds>       The seeds (required): a range "0-4", a list "0,2,5", or both "0-2,7".
-  --run-id=<id>         Name of the experiment (required): seed k trains as run <id>/seed-k, results go to results/<id>/.
+  --seeds=<seeds>       The seeds: a range "0-4", a list "0,2,5", or both "0-2,7" (required).
+  --run-id=<id>         Name of the experiment: seed k trains as run <id>/seed-k (models/<id>/seed-k.nn,
+                        models/<id>/seed-k/checkpoint.pt with the run's console output in train.log beside it,
+                        summaries/<id>/seed-k/<time>/), results go to results/<id>/ (required).
   --set=<key=value>     Override a config key in every seed's run, as in train.py (repeatable).
-  --jobs=<n>            Seeds trained at a time, each with max(1, cores // n) threads [default: 1].
-  --eval-episodes=<n>   Unseen episodes each final model is evaluated on [default: 100].
-  --deterministic       Evaluate the final models with their most likely actions instead of sampling them.
-  --threshold=<x>       Level of the metric for steps-to-threshold (default: 0.9 for success, none for reward).
+  --jobs=<n>            Seeds trained at a time; each train.py gets max(1, cores // n) threads (OMP_NUM_THREADS), so
+                        they do not oversubscribe the CPU [default: 1].
+  --eval-episodes=<n>   Unseen episodes each final model is evaluated on: the same episodes for every seed
+                        (evaluation seed 0) [default: 100].
+  --deterministic       Evaluate the final models with their most likely actions instead of sampling them (SB3's
+                        evaluate_policy default); recorded as "deterministic" in the records and the summary, and a
+                        record evaluated the other way is evaluated again.
+  --threshold=<x>       Level of the metric for steps-to-threshold; none for reward unless given (default: 0.9 for
+                        success).
   --cpu                 Train and evaluate on the CPU even where CUDA is available.
   -h --help             Show this help.
 

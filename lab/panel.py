@@ -6,13 +6,13 @@ Usage:
   python -m lab.panel (-h | --help)
 
 Options:
-  --panel=<path>   Panel file: the tasks, the memories and the seeds (required; the shipped one:
-                   configs/panels/memories.yaml).
+  --panel=<path>   Panel file: the tasks, the memories and the seeds; configs/panels/memories.yaml is the shipped
+                   one (required).
   --id=<id>        Name of this panel's results: pair (task, memory) runs as experiment panel/<id>/<task>-<memory>
                    [default: main].
-  --only=<names>   Comma-separated tasks, memories or task-memory pairs to run now (default: all); the table still
-                   holds every pair that has results.
-  --jobs=<n>       Seeds trained at a time within a pair (python -m lab.experiment --jobs) [default: 1].
+  --only=<names>   Comma-separated tasks, memories or task-memory pairs to run now; the table still holds every
+                   pair that has results (default: all of them).
+  --jobs=<n>       Seeds trained at a time within a pair (lab/experiment.py's --jobs) [default: 1].
   --table-only     Train nothing: write the table from the results there are.
   --cpu            Train and evaluate on the CPU even where CUDA is available.
   -h --help        Show this help.

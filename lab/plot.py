@@ -6,16 +6,20 @@ Usage:
   python -m lab.plot (-h | --help)
 
 Arguments:
-  <experiment>          A folder written by lab/experiment.py (results/<id>) or its summary.json.
+  <experiment>          A folder written by lab/experiment.py (results/<id>) or its summary.json; the legend names
+                        each by its run id.
 
 Options:
-  --out=<file>          Figure to write (default: plots/compare.png, a git-ignored scratch folder).
+  --out=<file>          Figure to write, PNG, SVG or PDF by its extension; plots/ is a git-ignored scratch folder, so
+                        name a figure to commit, e.g. --out=results/name.png (default: plots/compare.png).
   --title=<text>        Title (default: "<metric>: IQM over seeds with 95% stratified-bootstrap bands").
-  --metric=<name>       Curves of another logged metric than the experiments' own (reward, success, length, or a
-                        tag: training/approx_kl, losses/entropy), rebuilt from their seeds' records
-                        (results/<id>/seed-k.json; the two tags since 2026-12-03).
-  --tables              Instead: write the README's results table and the named tables of docs/results.md and
-                        results/**/README.md from results/tables.yaml and the summaries it names (lab/tables.py).
+  --metric=<name>       Curves of another logged metric (reward, success, length, or a tag: training/approx_kl,
+                        losses/entropy), rebuilt from the seeds' records (results/<id>/seed-k.json; the two tags
+                        since 2026-12-03) (default: the experiments' own).
+  --tables              Instead: write the README's results table, the named tables of docs/results.md and
+                        results/**/README.md and the panels' tables from results/tables.yaml (the experiments of
+                        each row) and the summaries it names (lab/tables.py); tests/test_tables.py fails when a
+                        committed table differs.
   -h --help             Show this help.
 """
 

@@ -7,16 +7,16 @@ Usage:
 
 Options:
   --config=<path>      Base YAML config of every trial (required).
-  --search=<path>      Search file: the config keys to sample and their ranges or choices (required; see below).
+  --search=<path>      Search file: the config keys to sample and their ranges or choices, as below (required).
   --study=<id>         Name of the study: results/tune/<id>/ holds its SQLite database and its report (required).
   --trials=<n>         Trials the study should hold; running the command again continues an interrupted study
                        up to this many [default: 20].
   --seeds=<k>          Seeds per trial, 0 .. k-1, the same for every trial [default: 2].
   --jobs=<n>           Trials at a time; each seed gets max(1, cores // (jobs * seeds)) threads [default: 1].
-  --objective=<kind>   auc: the mean of the per-update metric over the whole run (fast and stable both count);
-                       final: its mean over the last quarter of the updates [default: auc].
-  --warmup=<fraction>  Share of the updates before the pruner may stop a trial; 1: no pruning (default: 0.25 for
-                       the auc objective, 1 for final, whose early curve does not tell the end).
+  --objective=<kind>   "auc": the mean of the per-update metric over the whole run (fast and stable both count);
+                       "final": its mean over the last quarter of the updates [default: auc].
+  --warmup=<fraction>  Share of the updates before the pruner may stop a trial; 1: no pruning; "final" starts at 1,
+                       as its early curve does not tell the end (default: 0.25 with "auc", 1 with "final").
   --set=<key=value>    Override a config key in every trial, as in train.py (repeatable).
   --cpu                Train on the CPU even where CUDA is available.
   --force-continue     Continue a study whose --config, --set, --seeds, --objective or search file differ from those

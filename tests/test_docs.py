@@ -71,18 +71,16 @@ def test_every_environment_type_and_key_is_documented() -> None:
             assert f"`{key}`" in environments, f"{env_type}.{key}"
 
 
-@pytest.mark.parametrize(
-    "script, page",
-    [
-        ("train.py", "docs/training.md"),
-        ("enjoy.py", "docs/evaluation.md"),
-        ("lab/benchmark.py", "docs/benchmark.md"),
-        ("lab/experiment.py", "docs/experiments.md"),
-        ("lab/plot.py", "docs/experiments.md"),
-        ("lab/panel.py", "docs/experiments.md"),
-        ("lab/tune.py", "docs/tuning.md"),
-    ],
-)
+def test_every_script_with_a_usage_text_has_a_generated_flag_table() -> None:
+    scripts = sorted(glob.glob(os.path.join(ROOT, "*.py")) + glob.glob(os.path.join(ROOT, "lab", "*.py")))
+    with_usage = {
+        os.path.relpath(path, ROOT) for path in scripts if "Usage:" in (ast.get_docstring(ast.parse(read(path))) or "")
+    }
+    assert {"train.py", "enjoy.py", "lab/tune.py"} <= with_usage
+    assert with_usage == set(docs.FLAG_PAGES), "each script with a usage text needs its page in lab/docs.py's FLAG_PAGES"
+
+
+@pytest.mark.parametrize("script, page", sorted(docs.FLAG_PAGES.items()))
 def test_every_flag_is_documented(script: str, page: str) -> None:
     usage = read(script).split('"""')[1]
     flags = set(re.findall(r"^\s+(--[a-z-]+)", usage, flags=re.MULTILINE)) - {"--help", "--child", "--overrides"}
@@ -175,7 +173,7 @@ def test_the_docs_site_builds_in_strict_mode(tmp_path: str) -> None:
 
 def test_the_generated_tables_are_the_ones_the_schema_and_usage_texts_give() -> None:
     pages = docs.generated_pages()
-    assert {"configuration.md", "training.md", "evaluation.md"} <= {os.path.basename(path) for path in pages}
+    assert {os.path.join(ROOT, page) for page in docs.FLAG_PAGES.values()} | {docs.CONFIGURATION} == set(pages)
     for path, text in pages.items():
         assert read(path) == text, f"{os.path.relpath(path, ROOT)} differs from its sources: python -m lab.docs --write"
 
@@ -211,27 +209,65 @@ def test_the_generator_refuses_a_page_without_its_markers() -> None:
     with pytest.raises(ValueError, match="config table"):
         docs.with_table("no markers here", "| table |")
     assert docs.with_table(f"a\n{docs.BEGIN}\nold\n{docs.END}\nb", "new") == f"a\n{docs.BEGIN}\nnew\n{docs.END}\nb"
+    with pytest.raises(ValueError, match="after it"):
+        docs.with_table(f"{docs.END}\n{docs.BEGIN}\nold", "new", docs.BEGIN, docs.END)
+
+
+def test_a_page_holds_several_flag_tables_each_between_its_own_markers() -> None:
+    first, second = docs.FLAGS_BEGIN.format(script="a.py"), docs.FLAGS_BEGIN.format(script="b.py")
+    page = f"{first}\nold a\n{docs.FLAGS_END}\ntext\n{second}\nold b\n{docs.FLAGS_END}\n"
+    page = docs.with_table(docs.with_table(page, "new b", second, docs.FLAGS_END), "new a", first, docs.FLAGS_END)
+    assert page == f"{first}\nnew a\n{docs.FLAGS_END}\ntext\n{second}\nnew b\n{docs.FLAGS_END}\n"
+
+
+def test_a_stale_flag_table_is_found_and_rewritten(tmp_path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    # a tool whose usage text changed after its page's table was written: the check fails until --write
+    script = tmp_path / "tool.py"
+    script.write_text(f'"""{USAGE}"""\n', encoding="utf-8")
+    begin = docs.FLAGS_BEGIN.format(script=script)
+    (tmp_path / "page.md").write_text(f"# Tool\n\n{begin}\n| flag |\n|---|\n| `--old` |\n{docs.FLAGS_END}\n", encoding="utf-8")
+    (tmp_path / "configuration.md").write_text(read("docs/configuration.md"), encoding="utf-8")
+    monkeypatch.setattr(docs, "CONFIGURATION", str(tmp_path / "configuration.md"))
+    monkeypatch.setattr(docs, "FLAG_PAGES", {str(script): str(tmp_path / "page.md")})
+    assert docs.main([]) == 1
+    assert "out of date" in capsys.readouterr().out
+    assert docs.main(["--write"]) == 0
+    assert docs.main([]) == 0
+    assert docs.flag_table(USAGE) in (tmp_path / "page.md").read_text(encoding="utf-8")
 
 
 USAGE = """Usage:
-  tool.py [options]
+  tool.py [options] <run>...
+
+Arguments:
+  <run>          A run folder.
 
 Options:
+  --name=<id>    Name of the study (required).
   --out=<path>   Where the <id>.json files go [default: out/x].
   --fast         Skip the "slow" part: --out still applies, e.g. --out a=b
                  and so on (default: OMP_NUM_THREADS, else 1).
   --child=<n>    (internal) The scripts' own flag.
                  Its second line.
   -h --help      Show this help.
+
+A file of the tool:
+
+  key: value     # not an option
+    more: 1
 """
 
 
 def test_flag_tables_come_from_the_usage_text() -> None:
     assert docs.usage_options(USAGE) == [
+        ("<run>", "", "A run folder."),
+        ("--name=<id>", "required", "Name of the study."),
         ("--out=<path>", "out/x", "Where the <id>.json files go."),
         ("--fast", "OMP_NUM_THREADS, else 1", 'Skip the "slow" part: --out still applies, e.g. --out a=b and so on.'),
     ]
     assert docs.flag_table(USAGE).splitlines()[2:] == [
+        "| `<run>` |  | a run folder |",
+        "| `--name=<id>` | required | name of the study |",
         "| `--out=<path>` | `out/x` | where the `<id>.json` files go |",
         "| `--fast` | `OMP_NUM_THREADS`, else 1 | skip the `slow` part: `--out` still applies, e.g. `--out a=b` and so on |",
     ]
@@ -243,6 +279,9 @@ def test_flag_tables_come_from_the_usage_text() -> None:
         ("K/V cache in models/<id>.nn.", "K/V cache in `models/<id>.nn`."),
         ("(see docs/memory.md), or .mp4", "(see `docs/memory.md`), or `.mp4`"),
         ("written by train.py; e.g. --set updates=10", "written by `train.py`; e.g. `--set updates=10`"),
+        ("steps/s where fast == plain, e.g. 1,2,4 in train.log", "steps/s where fast == plain, e.g. `1,2,4` in `train.log`"),
+        ("--gpu-check's table of n_workers", "`--gpu-check`'s table of `n_workers`"),
+        ('"<metric>: IQM over seeds"', "`<metric>: IQM over seeds`"),
     ],
 )
 def test_usage_words_become_code_spans(text: str, markdown: str) -> None:
