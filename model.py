@@ -110,7 +110,7 @@ class ActorCriticModel(nn.Module):
             actions: the action space (``heads.ActionSpec``), or the number of actions of each action dimension.
             memory_path: "fast" or "plain" (see memories/trxl.py); the weights are the same either way.
             compute_dtype: the dtype the encoder and the memory compute in, "float32" or "bfloat16"; None: the
-                config's. ``precision.runnable_compute_dtype`` says which of them runs on a device.
+                config's. ``runnable_compute_dtype`` says which of them runs on a device.
         """
         super().__init__()
         self.observation_shape = observations.normalize_shape(observation_shape)

@@ -15,16 +15,13 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 
-import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.getcwd())
 os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
 
-from config import load_config, parse_overrides  # noqa: E402
-from trainer import PPOTrainer  # noqa: E402
+from profile_update import CONFIG, warmed_trainer  # noqa: E402  (this folder, on sys.path as the script's own)
 
 CASTS = ("aten::copy_", "aten::_to_copy")
 
@@ -46,13 +43,7 @@ def count(run: object, parameter_shapes: set[tuple[int, ...]]) -> dict[str, int]
 
 def main(dtype: str, out: str | None) -> None:
     """Print (and with ``out`` write as JSON) the cast counts with ``compute_dtype`` ``dtype``."""
-    sets = [f"compute_dtype={dtype}", "n_workers=8", "worker_steps=128", "eval_interval=0"]
-    config = load_config("configs/mortar_mayhem_grid.yaml", parse_overrides(sets))
-    torch.set_num_threads(2)
-    folder = tempfile.mkdtemp()
-    trainer = PPOTrainer(config, f"casts-{dtype}", torch.device("cpu"), models_dir=folder, summaries_dir=folder)
-    trainer.collector.collect()
-    trainer.learner.optimize(trainer.buffer, 0)  # warm-up: the first update allocates and picks kernels
+    config, trainer = warmed_trainer(dtype, "casts")
     shapes = {tuple(p.shape) for p in trainer.model.parameters()}
     rollout = count(trainer.collector.collect, shapes)
     train = count(lambda: trainer.learner.optimize(trainer.buffer, 1), shapes)
@@ -60,7 +51,7 @@ def main(dtype: str, out: str | None) -> None:
     minibatches = config.epochs * config.n_mini_batch
     result = {
         "compute_dtype": dtype,
-        "config": "configs/mortar_mayhem_grid.yaml",
+        "config": CONFIG,
         "workers": config.n_workers,
         "worker_steps": config.worker_steps,
         "minibatches": minibatches,

@@ -21,16 +21,25 @@ os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
 from config import load_config, parse_overrides  # noqa: E402
 from trainer import PPOTrainer  # noqa: E402
 
+CONFIG = "configs/mortar_mayhem_grid.yaml"
+
+
+def warmed_trainer(dtype: str, name: str) -> tuple[object, PPOTrainer]:
+    """The config (Mortar Mayhem Grid, 8 workers x 128 steps, ``compute_dtype`` ``dtype``) and its trainer after one
+    rollout and one update: the first update allocates and picks kernels. Also count_casts.py's."""
+    sets = [f"compute_dtype={dtype}", "n_workers=8", "worker_steps=128", "eval_interval=0"]
+    config = load_config(CONFIG, parse_overrides(sets))
+    torch.set_num_threads(2)
+    folder = tempfile.mkdtemp()
+    trainer = PPOTrainer(config, f"{name}-{dtype}", torch.device("cpu"), models_dir=folder, summaries_dir=folder)
+    trainer.collector.collect()
+    trainer.learner.optimize(trainer.buffer, 0)
+    return config, trainer
+
 
 def main(dtype: str) -> None:
     """Print the profile of one rollout and one update with ``compute_dtype`` ``dtype``."""
-    sets = [f"compute_dtype={dtype}", "n_workers=8", "worker_steps=128", "eval_interval=0"]
-    config = load_config("configs/mortar_mayhem_grid.yaml", parse_overrides(sets))
-    torch.set_num_threads(2)
-    folder = tempfile.mkdtemp()
-    trainer = PPOTrainer(config, f"profile-{dtype}", torch.device("cpu"), models_dir=folder, summaries_dir=folder)
-    trainer.collector.collect()
-    trainer.learner.optimize(trainer.buffer, 0)  # warm-up: the first update allocates and picks kernels
+    _, trainer = warmed_trainer(dtype, "profile")
     phases = {"rollout": trainer.collector.collect, "train": lambda: trainer.learner.optimize(trainer.buffer, 1)}
     for phase, run in phases.items():
         with profile(activities=[ProfilerActivity.CPU]) as profiler:
