@@ -81,7 +81,7 @@ def _resolve(entry_point: str) -> object:
     """
     module, _, name = entry_point.partition(":")
     if not module or not name:
-        raise invalid("entry_point", entry_point, "write it as 'module:function', e.g. 'pettingzoo.mpe:simple_spread_v3'")
+        raise invalid("entry_point", entry_point, "write it as 'module:function', e.g. 'mpe2.simple_spread_v3:parallel_env'")
     try:
         imported = importlib.import_module(module)
     except Exception as error:
