@@ -14,7 +14,7 @@ from pettingzoo import ParallelEnv
 from pettingzoo.test import parallel_api_test
 
 import enjoy
-from config import ConfigError, load_config
+from config import Config, ConfigError, load_config
 from environments.recall_env import parallel_env
 from evaluation import evaluate
 from model import ActorCriticModel
@@ -229,3 +229,36 @@ def test_random_play_reports_every_agent_of_every_episode() -> None:
 
     results = random_play(RECALL, episodes=3)
     assert len(results) == 3 * RECALL["kwargs"]["agents"] and all("reward" in result for result in results)
+
+
+def mpe_simple_spread(**overrides: object) -> Config:
+    """configs/mpe_simple_spread.yaml with 2 environments of 25 steps and ``overrides``; skips the test where mpe2
+    (requirements.txt) is not installed."""
+    pytest.importorskip("mpe2", reason="MPE's simple_spread_v3 needs the mpe2 package (pip install -r requirements.txt)")
+    path = os.path.join(ROOT, "configs", "mpe_simple_spread.yaml")
+    return load_config(path, {"n_workers": 6, "worker_steps": 25, **overrides})
+
+
+def test_mpe_simple_spread_runs_as_three_lanes_that_end_together_at_max_cycles() -> None:
+    config = mpe_simple_spread()
+    with Workers(config.environment, 6, 0, seed=0) as workers:
+        assert workers.agents == 3 and workers.observation_space.shape == (18,) and workers.action_dims == [5]
+        assert workers.reset().shape == (6, 18)
+        actions = np.random.default_rng(0).integers(0, 5, size=(25, 6, 1))
+        rewards = np.zeros(6)
+        for step in range(25):
+            result = workers.step(actions[step])
+            rewards += result.rewards
+            assert result.truncated.any() == (step == 24) and not result.terminated.any(), "max_cycles truncates"
+    assert result.truncated.all() and [episode["length"] for episode in result.episodes] == [25] * 6
+    assert np.allclose([episode["reward"] for episode in result.episodes], rewards)
+    teams = [episode["team_reward"] for episode in result.episodes]
+    assert np.allclose(teams, np.repeat(rewards.reshape(2, 3).sum(axis=1), 3)), "the sum over each environment's agents"
+
+
+@pytest.mark.slow
+def test_mpe_simple_spread_trains_one_update(tmp_path: str) -> None:
+    config = mpe_simple_spread(updates=1, epochs=1)
+    trainer = PPOTrainer(config, "mpe", torch.device("cpu"), 0, models_dir=str(tmp_path), summaries_dir=str(tmp_path))
+    means = trainer.run()
+    assert means["length"] == 25 and means["team_reward"] < 0, means
