@@ -21,6 +21,7 @@ SPACE_CASES = [
     ({"type": "PocMemoryEnv"}, (3,), gymnasium.spaces.Discrete, 32),
     ({"type": "CartPole"}, (4,), gymnasium.spaces.Discrete, 200),
     ({"type": "MiniGrid"}, (3, 84, 84), gymnasium.spaces.Discrete, 96),
+    ({"type": "MiniGrid", "name": "MiniGrid-MemoryS7-v0", "observation": "symbolic"}, (180,), gymnasium.spaces.Discrete, 96),
     ({"type": "MemoryGym", "name": "MortarMayhem-Grid-v0"}, (3, 84, 84), gymnasium.spaces.Discrete, 119),
     ({"type": "MemoryGym", "name": "MysteryPath-Grid-v0"}, (3, 84, 84), gymnasium.spaces.Discrete, 128),
     ({"type": "MemoryGym", "name": "SearingSpotlights-v0"}, (3, 84, 84), gymnasium.spaces.MultiDiscrete, 256),
@@ -146,6 +147,68 @@ def poc_env(**overrides: object) -> gymnasium.Env:
     return create_env({"type": "PocMemoryEnv", **overrides})
 
 
+def test_minigrid_symbolic_observation_is_minigrids_own_encoding_one_hot() -> None:
+    from minigrid.core.constants import COLOR_TO_IDX, OBJECT_TO_IDX, STATE_TO_IDX
+
+    sizes = (len(OBJECT_TO_IDX), len(COLOR_TO_IDX), len(STATE_TO_IDX))
+    env = create_env({"type": "MiniGrid", "name": "MiniGrid-MemoryS7-v0", "observation": "symbolic"})
+    plain = gymnasium.make("MiniGrid-MemoryS7-v0", agent_view_size=3)
+    obs, _ = env.reset(seed=4)
+    image = plain.reset(seed=4)[0]["image"]  # (3, 3, 3): object type, colour, state per cell
+    kinds = set()
+    for action in [2, 2, 1, 2, 0, 2, None]:  # walk a little, comparing every view on the way
+        assert obs.shape == (3 * 3 * sum(sizes),) and obs.dtype == np.float32
+        cells = obs.reshape(9, sum(sizes))
+        blocks = np.split(cells, np.cumsum(sizes)[:-1], axis=1)  # object, colour and state blocks, each (9, n)
+        assert all(np.array_equal(block.sum(axis=1), np.ones(9)) for block in blocks)  # one-hot: one 1 per block
+        assert set(np.unique(cells)) == {0.0, 1.0}
+        decoded = np.stack([block.argmax(axis=1) for block in blocks], axis=1)  # (9, 3)
+        assert np.array_equal(decoded, image.reshape(9, 3))
+        kinds |= set(image[..., 0].ravel().tolist())
+        if action is not None:
+            obs = env.step(action)[0]
+            image = plain.step(action)[0]["image"]
+    assert len(kinds) > 2  # the views saw more than walls and floor
+    env.close()
+    plain.close()
+
+
+def test_minigrid_doorkey_with_all_actions_picks_up_the_key_and_opens_the_door() -> None:
+    config = {"type": "MiniGrid", "name": "MiniGrid-DoorKey-5x5-v0", "observation": "symbolic", "view_size": 7}
+    env = create_env({**config, "actions": "all", "max_episode_steps": 250})
+    assert env.action_space.n == 7 and env.observation_space.shape == (7 * 7 * 20,)
+    env.reset(seed=0)  # the agent at (1, 3) facing left, the key above it, the door at (2, 1), the goal at (3, 3)
+    steps = run_episode(env, [1, 3, 2, 2, 1, 5, 2, 2, 1, 2, 2])  # turn, pickup, up, up, turn, toggle, through, down
+    assert env.unwrapped.carrying is not None and env.unwrapped.carrying.type == "key"
+    assert steps[-1][2] and steps[-1][4]["episode"]["success"] == 1.0 and steps[-1][1] > 0
+
+    navigation = create_env(config)
+    assert navigation.action_space.n == 3
+    navigation.reset(seed=0)
+    with pytest.raises(ValueError, match=r"action = 3 is invalid .*navigation.*environment\.actions: all"):
+        navigation.step(3)
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ({"name": "MiniGrid-DoorKey-5x5"}, r"'MiniGrid-DoorKey-5x5' is invalid; did you mean 'MiniGrid-DoorKey-5x5-v0'"),
+        ({"name": "MiniGrid-Nope-v0"}, r"'MiniGrid-Nope-v0' is invalid.*MiniGrid-MemoryS9-v0.*or any MiniGrid-\* id"),
+        ({"observation": "pixels"}, r"environment\.observation = 'pixels' is invalid; use rgb .* or symbolic"),
+        ({"actions": "seven"}, r"environment\.actions = 'seven' is invalid; use navigation .* or all"),
+        ({"name": "MiniGrid-DoorKey-5x5-v0", "max_episode_steps": 251}, r"= 251 is invalid; .* allows at most 250"),
+    ],
+)
+def test_minigrid_errors_name_the_bad_value_and_the_fix(config: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        validate_env_config({"type": "MiniGrid", **config})
+
+
+def test_minigrid_defaults_are_the_references_rgb_view_and_three_actions() -> None:
+    config = validate_env_config({"type": "MiniGrid"})
+    assert (config["observation"], config["actions"], config["view_size"], config["tile_size"]) == ("rgb", "navigation", 3, 28)
+
+
 def test_poc_truncates_after_32_steps() -> None:
     env = poc_env()
     env.reset(seed=0)
@@ -262,7 +325,10 @@ def test_memory_gym_render_matches_observation() -> None:
         ({"type": "PocMemoryEnv", "max_episode_steps": 0}, "environment.max_episode_steps"),
         ({"type": "CartPole", "name": "CartPole-v2"}, "environment.name"),
         ({"type": "CartPole", "reward_scale": 0}, "environment.reward_scale"),
-        ({"type": "MiniGrid", "name": "MiniGrid-Empty-5x5-v0"}, "environment.name"),
+        ({"type": "MiniGrid", "name": "MiniGrid-Nope-v0"}, "environment.name"),
+        ({"type": "MiniGrid", "name": "Empty-5x5-v0"}, "environment.name"),  # registered only with the prefix
+        ({"type": "MiniGrid", "observation": "pixels"}, "environment.observation"),
+        ({"type": "MiniGrid", "actions": 7}, "environment.actions"),
         ({"type": "MiniGrid", "view_size": 4}, "environment.view_size"),
         ({"type": "MiniGrid", "view_size": 3.0}, "environment.view_size"),
         ({"type": "MiniGrid", "max_episode_steps": 406}, "environment.max_episode_steps"),  # S9's own limit is 405
