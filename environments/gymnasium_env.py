@@ -192,15 +192,20 @@ def _converted_space(space: spaces.Space, layout: str | tuple | dict) -> spaces.
     return spaces.Box(low=0.0, high=1.0, shape=shape, dtype=np.float32)
 
 
+def one_hot_blocks(codes: object, counts: tuple[int, ...]) -> np.ndarray:
+    """Integer codes, one per entry (any shape, read in row-major order), as one-hot blocks of ``counts[i]`` entries
+    each, concatenated into one float32 vector of sum(counts) entries (also MiniGrid's symbolic view's encoding)."""
+    out = np.zeros(sum(counts), dtype=np.float32)
+    out[np.cumsum((0,) + counts[:-1]) + np.asarray(codes, dtype=np.int64).reshape(-1)] = 1.0
+    return out
+
+
 def _convert(obs: object, layout: str | tuple | dict) -> np.ndarray | dict:
     """An observation of the environment as the models take it (see the module docstring)."""
     if isinstance(layout, dict):
         return {key: _convert(_part(obs, key), layout[key]) for key in sorted(layout)}
-    if isinstance(layout, tuple):  # one-hot blocks, one per entry
-        counts = layout[1]
-        out = np.zeros(sum(counts), dtype=np.float32)
-        out[np.cumsum((0,) + counts[:-1]) + np.asarray(obs, dtype=np.int64).reshape(-1)] = 1.0
-        return out
+    if isinstance(layout, tuple):
+        return one_hot_blocks(obs, layout[1])
     obs = np.asarray(obs)
     if layout == "vector":
         return obs.astype(np.float32)

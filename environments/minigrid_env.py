@@ -14,6 +14,7 @@ import functools
 import gymnasium
 import numpy as np
 
+from environments.gymnasium_env import one_hot_blocks
 from environments.registry import EnvFamily, Key, invalid
 
 OBSERVATIONS = ("rgb", "symbolic")
@@ -80,11 +81,8 @@ class MiniGridEnv(gymnasium.Wrapper):
             self._observe = self._rgb
         else:
             super().__init__(ImgObsWrapper(env))  # MiniGrid's (view, view, 3) grid encoding, nothing rendered
-            sizes = _one_hot_sizes()
-            self._offsets = np.cumsum((0, *sizes[:-1]))  # (3,) where each of the three one-hot blocks starts
-            self._cells = np.arange(view_size * view_size)[:, None]  # (view^2, 1) row index for the scatter
-            self._width = sum(sizes)
-            shape = (view_size * view_size * self._width,)
+            self._counts = _one_hot_sizes() * (view_size * view_size)  # per cell: object type, colour, state
+            shape = (sum(self._counts),)
             self.observation_space = gymnasium.spaces.Box(low=0.0, high=1.0, shape=shape, dtype=np.float32)
             self._observe = self._symbolic
         self.action_space = gymnasium.spaces.Discrete(ACTION_SETS[actions])
@@ -140,10 +138,7 @@ class MiniGridEnv(gymnasium.Wrapper):
 
     def _symbolic(self, obs: np.ndarray) -> np.ndarray:
         """Turns MiniGrid's (view, view, 3) grid encoding into one-hot blocks, flattened to (view^2 * 20,) float32."""
-        codes = obs.reshape(-1, 3).astype(np.int64) + self._offsets  # (view^2, 3) columns of the three blocks
-        one_hot = np.zeros((codes.shape[0], self._width), dtype=np.float32)  # (view^2, 20)
-        one_hot[self._cells, codes] = 1.0
-        return one_hot.reshape(-1)
+        return one_hot_blocks(obs, self._counts)
 
 
 def _check(config: dict) -> None:
