@@ -12,7 +12,8 @@ import pytest
 import torch
 from conftest import small_config
 
-from config import read_yaml
+from config import load_config
+from environments import agents_per_env
 from ppo import clip_gradients
 from trainer import PPOTrainer
 
@@ -68,8 +69,8 @@ def test_rollout_bookkeeping_at_episode_ends(tmp_path: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("path", CONFIGS, ids=[os.path.basename(p) for p in CONFIGS])
 def test_train_smoke_every_config(path: str, tmp_path: str) -> None:
-    # Each agent of a PettingZoo environment is a worker: 6 lanes take the 2 agents of the recall task and MPE's 3.
-    workers = 6 if read_yaml(path, "config file")["environment"]["type"] == "PettingZoo" else 2
+    # Each agent of a multi-agent environment is a worker lane: one environment's agents, at least 2 lanes.
+    workers = max(2, agents_per_env(load_config(path, {}).environment))
     overrides = ["updates=1", f"n_workers={workers}", "worker_steps=8", "n_mini_batch=1", "sequence_length=0", "epochs=1"]
     command = [sys.executable, os.path.join(ROOT, "train.py"), f"--config={path}", "--run-id=smoke", "--cpu", "--seed=1"]
     command += [f"--set={item}" for item in overrides]
