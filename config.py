@@ -260,11 +260,12 @@ TRANSFORMER_SCHEMA: dict[str, tuple] = {
     ),
     "recency_bias": (
         bool,
-        False,
+        True,
         None,
-        "also add ALiBi's fixed recency bias (-slope x distance per head) to the attention scores, on top of a "
-        "`relative`, `learned` or `rotary` `positional_encoding` (`alibi` has it already; setting both is refused): "
-        "attention knows when in the episode a step was and prefers recent steps",
+        "add ALiBi's fixed recency bias (-slope x distance per head) to the attention scores, on top of a "
+        "`relative`, `learned` or `rotary` `positional_encoding` (`alibi` is that bias alone, whatever this says): "
+        "attention knows when in the episode a step was and prefers recent steps (the reference has no bias; models "
+        "saved before 2026-12-05 load with false)",
     ),
     "output_norm": (
         bool,
@@ -652,10 +653,6 @@ def validate_config(raw: Any) -> Config:
             f"'transformer.embed_dim' ({transformer.embed_dim}) must be even for positional_encoding "
             f"'{transformer.positional_encoding}' (sine and cosine halves, also past the learned table): use an even embed_dim"
         )
-    if transformer.recency_bias and transformer.positional_encoding == "alibi":
-        raise ConfigError(
-            "'transformer.recency_bias' adds ALiBi's bias, which positional_encoding 'alibi' has already: set one of them"
-        )
     head_width = transformer.embed_dim // transformer.num_heads
     if transformer.positional_encoding == "rotary" and head_width % 2:
         raise ConfigError(
@@ -766,6 +763,7 @@ SAVED_DEFAULTS = {
     "transformer.positional_values": True,
     "transformer.memory_gradients": False,
     "transformer.output_norm": False,
+    "transformer.recency_bias": False,
 }
 
 

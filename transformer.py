@@ -379,7 +379,7 @@ class Transformer(nn.Module):
         if query_steps is None or (self.recency_bias and key_steps is None):
             raise ValueError(
                 f"positional_encoding '{self.config.positional_encoding}' with recency_bias {self.recency_bias} needs "
-                "the episode steps of the queries and memory slots"
+                "the episode steps of the queries and memory slots: pass query_steps and key_steps"
             )
         rotation = rotary_angles(query_steps, self.config.embed_dim // self.config.num_heads) if rotary else None
         bias = None

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import random_rollout_buffer, small_config
 
-from config import ConfigError
+from config import with_saved_defaults
 from memories.trxl import TrXLContext, ring_mask
 from model import ActorCriticModel, PolicyOutput
 from ppo import forward_minibatch
@@ -175,13 +175,14 @@ def test_memory_length_one_reaches_back_one_step_per_block(positional_encoding: 
         assert same == (back > blocks), f"a change {back} steps back, {blocks} blocks"
 
 
-def test_recency_bias_with_a_token_encoding_is_refused_with_alibi_and_changes_relative() -> None:
-    with pytest.raises(ConfigError, match="recency_bias"):
-        small_config({"positional_encoding": "alibi", "recency_bias": True})
+def test_recency_bias_is_the_default_changes_relative_and_is_alibi_alone_with_alibi() -> None:
+    assert (
+        small_config().transformer.recency_bias and not with_saved_defaults({"transformer": {}})["transformer"]["recency_bias"]
+    )  # models saved before it was the default load without it
     torch.manual_seed(0)
     options = {"positional_encoding": "relative", "num_heads": 2}
-    plain = ActorCriticModel(small_config(options), (3,), [3])
-    biased = ActorCriticModel(small_config({**options, "recency_bias": True}), (3,), [3])
+    plain = ActorCriticModel(small_config({**options, "recency_bias": False}), (3,), [3])
+    biased = ActorCriticModel(small_config(options), (3,), [3])
     biased.load_state_dict(plain.state_dict())  # the bias has no parameters
     memory, steps, visible = torch.rand(2, 4, 2, 16), torch.arange(3, 7).expand(2, 4), torch.ones(2, 4, dtype=torch.bool)
     outputs = [
@@ -189,6 +190,14 @@ def test_recency_bias_with_a_token_encoding_is_refused_with_alibi_and_changes_re
         for model in (plain, biased)
     ]
     assert not torch.allclose(outputs[0], outputs[1], atol=1e-4)
+    alibi = [small_config({"positional_encoding": "alibi", "recency_bias": flag}) for flag in (False, True)]
+    models = [ActorCriticModel(config, (3,), [3]) for config in alibi]
+    models[1].load_state_dict(models[0].state_dict())
+    outputs = [
+        model.memory.forward_windows(torch.ones(2, 16), memory, steps, visible, query_steps=torch.full((2,), 7)).features
+        for model in models
+    ]
+    assert torch.equal(outputs[0], outputs[1])
 
 
 @pytest.mark.parametrize("positional_encoding", ["rotary", "alibi"])
