@@ -210,32 +210,96 @@ def row(panel: dict, panel_id: str, task: str, memory: str) -> dict | None:
     }
 
 
+def best_rows(rows: list[dict]) -> dict[str, dict]:
+    """Each task's entry with the highest IQM (the first in panel order on a tie)."""
+    best: dict[str, dict] = {}
+    for entry in rows:
+        if entry["task"] not in best or entry["iqm"] > best[entry["task"]]["iqm"]:
+            best[entry["task"]] = entry
+    return best
+
+
+def versus_best(entry: dict, best: dict, memories: int) -> str:
+    """How a pair compares with its task's best memory: "best"; "in its CI" where its IQM lies inside the best one's
+    95% interval; otherwise its IQM's gap to the best one as a share of the best one's size ("-4.2%": 0.958x the
+    best where both are positive, and the same measure for a negative reward); "-" for a task with one memory so far."""
+    if memories < 2:
+        return "-"
+    if entry is best:
+        return "best"
+    if entry["iqm"] >= best["ci"][0]:
+        return "in its CI"
+    if best["iqm"] == 0:
+        return "below"
+    return f"{100 * (entry['iqm'] - best['iqm']) / abs(best['iqm']):.1f}%"
+
+
+def with_verdicts(rows: list[dict]) -> list[dict]:
+    """The rows, each with ``versus_best`` (``versus_best`` above) filled in."""
+    best = best_rows(rows)
+    counts = {task: sum(entry["task"] == task for entry in rows) for task in best}
+    return [{**entry, "versus_best": versus_best(entry, best[entry["task"]], counts[entry["task"]])} for entry in rows]
+
+
+def tally(rows: list[dict]) -> dict[str, dict]:
+    """Per memory, over the tasks with at least two memories: how many it has, on how many it is the best or inside
+    the best one's interval, on which it is within 10% of the best IQM (0.9x of it or more, for a positive metric)
+    without being inside, and on which it falls short of both."""
+    result: dict[str, dict] = {}
+    for entry in rows:
+        if entry["versus_best"] == "-":
+            continue
+        counts = result.setdefault(entry["memory"], {"tasks": 0, "best_or_in_ci": 0, "within_10_percent": [], "short": []})
+        counts["tasks"] += 1
+        verdict = entry["versus_best"]
+        if verdict in ("best", "in its CI"):
+            counts["best_or_in_ci"] += 1
+        elif verdict.endswith("%") and float(verdict[:-1]) >= -10:
+            counts["within_10_percent"].append(entry["task"])
+        else:
+            counts["short"].append(entry["task"])
+    return result
+
+
 def table(rows: list[dict], panel_id: str) -> str:
-    """The leaderboard as markdown, one row per pair, tasks in panel order, the best IQM of a task in bold."""
+    """The leaderboard as markdown, one row per pair, tasks in panel order, the best IQM of a task in bold, each row
+    compared with its task's best (``versus_best``), then the per-memory tally (``tally``)."""
     lines = [
         f"# Panel {panel_id}",
         "",
-        "Final models on unseen episodes: IQM over the seeds with its 95% bootstrap interval. Steps: the IQM over the "
-        "seeds that reached the threshold of the first update whose training metric reached it. Minutes: median "
-        "training time per seed (rollouts and optimisation).",
+        "Final models on unseen episodes: IQM over the seeds with its 95% bootstrap interval. Versus the best: the "
+        "task's best IQM, inside its interval, or the IQM's gap to it as a share of its size. Steps: the "
+        "IQM over the seeds that reached the threshold of the first update whose training metric reached it. "
+        "Minutes: median training time per seed (rollouts and optimisation).",
         "",
-        "| task | memory | metric | seeds | final IQM [95% CI] | reached threshold | steps to it | env steps | min/seed |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| task | memory | metric | seeds | final IQM [95% CI] | versus the best | reached threshold | steps to it "
+        "| env steps | min/seed |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    best = {}
-    for entry in rows:
-        best[entry["task"]] = max(best.get(entry["task"], -np.inf), entry["iqm"])
+    rows = with_verdicts(rows)
     for entry in rows:
         low, high = (format_value(bound, entry["metric"]) for bound in entry["ci"])
         score = f"{format_value(entry['iqm'], entry['metric'])} [{low}, {high}]"
-        score = f"**{score}**" if entry["iqm"] == best[entry["task"]] else score
+        score = f"**{score}**" if entry["versus_best"] == "best" else score
         threshold = "-" if entry["threshold"] is None else f"{entry['reached']} of {entry['seeds']} at {entry['threshold']:g}"
         steps = "-" if entry["steps_to_threshold_iqm"] is None else format_steps(entry["steps_to_threshold_iqm"])
         minutes = "-" if entry["seconds_per_seed"] is None else f"{entry['seconds_per_seed'] / 60:.1f}"
         lines.append(
-            f"| {entry['task']} | {entry['memory']} | {entry['metric']} | {entry['seeds']} | {score} | {threshold} | {steps} "
+            f"| {entry['task']} | {entry['memory']} | {entry['metric']} | {entry['seeds']} | {score} "
+            f"| {entry['versus_best']} | {threshold} | {steps} "
             f"| {'-' if entry['env_steps'] is None else format_steps(entry['env_steps'])} | {minutes} |"
         )
+    counts = tally(rows)
+    if counts:
+        lines += ["", "Per memory, on the tasks with results for two memories or more:", ""]
+        for memory, count in counts.items():
+            line = f"- {memory}: the best or inside the best one's interval on {count['best_or_in_ci']} of {count['tasks']}"
+            near = count["within_10_percent"]
+            if near:
+                line += f"; within 10% of the best IQM on {len(near)} more ({', '.join(near)})"
+            if count["short"]:
+                line += f"; short of both on {', '.join(count['short'])}"
+            lines.append(line)
     return "\n".join(lines) + "\n"
 
 
@@ -246,12 +310,12 @@ def pair_rows(panel: dict, panel_id: str) -> list[dict]:
 
 def write_table(panel: dict, panel_id: str) -> dict:
     """Write table.md and table.json from every pair's results; returns the JSON."""
-    rows = pair_rows(panel, panel_id)
+    rows = with_verdicts(pair_rows(panel, panel_id))
     folder = os.path.join(PANEL_DIR, panel_id)
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "table.md"), "w") as file:
         file.write(table(rows, panel_id))
-    result = {"panel": panel_id, "pairs": len(pairs(panel)), "with_results": len(rows), "rows": rows}
+    result = {"panel": panel_id, "pairs": len(pairs(panel)), "with_results": len(rows), "rows": rows, "tally": tally(rows)}
     with open(os.path.join(folder, "table.json"), "w") as file:
         json.dump(result, file, indent=1)
     return result
