@@ -49,7 +49,8 @@ def test_model_on_uint8_images_equals_float_images_with_gradients(side: int) -> 
     levels = torch.randint(0, 256, (2, 3, 3, side, side), dtype=torch.uint8)
     memory, steps = torch.randn(2, 6, 2, 16), torch.arange(6).expand(2, 6)  # S = C + L - 1 = 6 slots
     mask = torch.ones(2, 3, 6, dtype=torch.bool)
-    context = TrXLContext(memory, steps, mask, torch.ones(2, 3, 4, dtype=torch.bool))
+    # Query q of the chunk is the step of slot q + L - 1 (the recency bias needs the queries' steps).
+    context = TrXLContext(memory, steps, mask, torch.ones(2, 3, 4, dtype=torch.bool), query_steps=steps[:, 3:])
     results = []
     for obs in (levels, dequantize_images(levels)):
         model.zero_grad()
