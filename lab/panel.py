@@ -210,51 +210,45 @@ def row(panel: dict, panel_id: str, task: str, memory: str) -> dict | None:
     }
 
 
-def best_rows(rows: list[dict]) -> dict[str, dict]:
-    """Each task's entry with the highest IQM (the first in panel order on a tie)."""
+def with_verdicts(rows: list[dict]) -> list[dict]:
+    """The rows, each compared with its task's best IQM: ``gap_to_best``, its IQM's gap to the best one as a share of
+    the best one's size (-0.042: 0.958x the best where both are positive, the same measure for a negative reward; None
+    where the best IQM is 0), and ``versus_best``: "best" (ties included), "in its CI" where its IQM lies inside the
+    interval of the task's first best row, else the gap in % ("-4.2%", or "below" without a gap); "-" for a task with
+    one memory so far."""
     best: dict[str, dict] = {}
     for entry in rows:
         if entry["task"] not in best or entry["iqm"] > best[entry["task"]]["iqm"]:
             best[entry["task"]] = entry
-    return best
-
-
-def versus_best(entry: dict, best: dict, memories: int) -> str:
-    """How a pair compares with its task's best memory: "best"; "in its CI" where its IQM lies inside the best one's
-    95% interval; otherwise its IQM's gap to the best one as a share of the best one's size ("-4.2%": 0.958x the
-    best where both are positive, and the same measure for a negative reward); "-" for a task with one memory so far."""
-    if memories < 2:
-        return "-"
-    if entry is best:
-        return "best"
-    if entry["iqm"] >= best["ci"][0]:
-        return "in its CI"
-    if best["iqm"] == 0:
-        return "below"
-    return f"{100 * (entry['iqm'] - best['iqm']) / abs(best['iqm']):.1f}%"
-
-
-def with_verdicts(rows: list[dict]) -> list[dict]:
-    """The rows, each with ``versus_best`` (``versus_best`` above) filled in."""
-    best = best_rows(rows)
-    counts = {task: sum(entry["task"] == task for entry in rows) for task in best}
-    return [{**entry, "versus_best": versus_best(entry, best[entry["task"]], counts[entry["task"]])} for entry in rows]
+    judged = []
+    for entry in rows:
+        top = best[entry["task"]]
+        gap = None if top["iqm"] == 0 else (entry["iqm"] - top["iqm"]) / abs(top["iqm"])
+        if sum(other["task"] == entry["task"] for other in rows) < 2:
+            verdict = "-"
+        elif entry["iqm"] == top["iqm"]:
+            verdict = "best"
+        elif entry["iqm"] >= top["ci"][0]:
+            verdict = "in its CI"
+        else:
+            verdict = "below" if gap is None else f"{100 * gap:.1f}%"
+        judged.append({**entry, "gap_to_best": gap, "versus_best": verdict})
+    return judged
 
 
 def tally(rows: list[dict]) -> dict[str, dict]:
-    """Per memory, over the tasks with at least two memories: how many it has, on how many it is the best or inside
-    the best one's interval, on which it is within 10% of the best IQM (0.9x of it or more, for a positive metric)
-    without being inside, and on which it falls short of both."""
+    """Per memory, over the tasks with at least two memories (rows from ``with_verdicts``): how many it has, on how
+    many it is the best or inside the best one's interval, on which it is within 10% of the best IQM (0.9x of it or
+    more, for a positive metric) without being inside, and on which it falls short of both."""
     result: dict[str, dict] = {}
     for entry in rows:
         if entry["versus_best"] == "-":
             continue
         counts = result.setdefault(entry["memory"], {"tasks": 0, "best_or_in_ci": 0, "within_10_percent": [], "short": []})
         counts["tasks"] += 1
-        verdict = entry["versus_best"]
-        if verdict in ("best", "in its CI"):
+        if entry["versus_best"] in ("best", "in its CI"):
             counts["best_or_in_ci"] += 1
-        elif verdict.endswith("%") and float(verdict[:-1]) >= -10:
+        elif entry["gap_to_best"] is not None and entry["gap_to_best"] >= -0.1:
             counts["within_10_percent"].append(entry["task"])
         else:
             counts["short"].append(entry["task"])
@@ -262,8 +256,8 @@ def tally(rows: list[dict]) -> dict[str, dict]:
 
 
 def table(rows: list[dict], panel_id: str) -> str:
-    """The leaderboard as markdown, one row per pair, tasks in panel order, the best IQM of a task in bold, each row
-    compared with its task's best (``versus_best``), then the per-memory tally (``tally``)."""
+    """The leaderboard as markdown from rows compared with their task's best (``with_verdicts``): one row per pair,
+    tasks in panel order, the best IQM of a task in bold, then the per-memory tally (``tally``)."""
     lines = [
         f"# Panel {panel_id}",
         "",
@@ -276,7 +270,6 @@ def table(rows: list[dict], panel_id: str) -> str:
         "| env steps | min/seed |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    rows = with_verdicts(rows)
     for entry in rows:
         low, high = (format_value(bound, entry["metric"]) for bound in entry["ci"])
         score = f"{format_value(entry['iqm'], entry['metric'])} [{low}, {high}]"

@@ -93,7 +93,7 @@ def test_a_reward_task_without_threshold_has_a_row(tmp_path: str, monkeypatch: p
     monkeypatch.chdir(tmp_path)
     entry = panel.row({"tasks": {"cartpole": {"config": "configs/cartpole.yaml"}}}, "p", "cartpole", "gru")
     assert entry["threshold"] is None and entry["reached"] is None and entry["iqm"] == 150.0
-    assert "| cartpole | gru | reward |" in panel.table([entry], "p")
+    assert "| cartpole | gru | reward |" in panel.table(panel.with_verdicts([entry]), "p")
 
 
 def test_a_linked_run_may_differ_in_bookkeeping_only() -> None:
