@@ -297,13 +297,14 @@ def table(rows: list[dict], panel_id: str) -> str:
 
 
 def pair_rows(panel: dict, panel_id: str) -> list[dict]:
-    """The table's entries of every pair that has results, in panel order."""
-    return [entry for task, memory in pairs(panel) if (entry := row(panel, panel_id, task, memory)) is not None]
+    """The table's entries of every pair that has results, in panel order, each compared with its task's best
+    (``with_verdicts``)."""
+    return with_verdicts([entry for task, memory in pairs(panel) if (entry := row(panel, panel_id, task, memory)) is not None])
 
 
 def write_table(panel: dict, panel_id: str) -> dict:
     """Write table.md and table.json from every pair's results; returns the JSON."""
-    rows = with_verdicts(pair_rows(panel, panel_id))
+    rows = pair_rows(panel, panel_id)
     folder = os.path.join(PANEL_DIR, panel_id)
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "table.md"), "w") as file:
