@@ -24,6 +24,9 @@ A panel file:
   memories:                        # name: --set items that choose the memory
     trxl: []
     gru: [memory=gru]
+    trxl-post: [transformer.layer_norm=post]
+  variants: [trxl-post]            # memories that are ablations of another (optional): each row is judged
+                                   # against the best of the other memories, which a variant never becomes
   tasks:                           # name: its config, --set items for every memory, and per memory (optional)
     cartpole:
       config: configs/cartpole.yaml
@@ -45,6 +48,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -64,8 +68,10 @@ class PanelError(ValueError):
 def load_panel(path: str) -> dict:
     """The panel file, checked: seeds, memories and tasks with existing configs."""
     panel = read_yaml(path, "panel file", " (configs/panels/memories.yaml is the shipped one)")
-    if not isinstance(panel, dict) or set(panel) - {"seeds", "eval_episodes", "memories", "tasks"}:
-        raise PanelError(f"panel file '{path}': give the keys seeds, eval_episodes, memories and tasks (see --help)")
+    if not isinstance(panel, dict) or set(panel) - {"seeds", "eval_episodes", "memories", "variants", "tasks"}:
+        raise PanelError(
+            f"panel file '{path}': give the keys seeds, eval_episodes, memories, tasks and optionally variants (see --help)"
+        )
     for key in ("seeds", "memories", "tasks"):
         if key not in panel:
             raise PanelError(f"panel file '{path}' lacks '{key}' (see --help)")
@@ -74,6 +80,11 @@ def load_panel(path: str) -> dict:
         raise PanelError(f"panel file '{path}': memories must map names to lists of --set items, e.g. gru: [memory=gru]")
     if not isinstance(panel["tasks"], dict) or not panel["tasks"]:
         raise PanelError(f"panel file '{path}': tasks must map names to {{config: ..., sets: [...]}}")
+    variants = panel.get("variants", [])
+    if not isinstance(variants, list) or any(variant not in panel["memories"] for variant in variants):
+        raise PanelError(f"panel file '{path}': variants must list names of memories, e.g. [trxl-post]; got {variants!r}")
+    if set(panel["memories"]) <= set(variants):
+        raise PanelError(f"panel file '{path}': variants lists every memory; leave at least one to judge against")
     for name, task in panel["tasks"].items():
         if not isinstance(task, dict) or "config" not in task:
             raise PanelError(f"panel file '{path}': task '{name}' needs a config, e.g. {{config: configs/cartpole.yaml}}")
@@ -210,19 +221,27 @@ def row(panel: dict, panel_id: str, task: str, memory: str) -> dict | None:
     }
 
 
-def with_verdicts(rows: list[dict]) -> list[dict]:
+def with_verdicts(rows: list[dict], variants: Iterable[str] = ()) -> list[dict]:
     """The rows, each compared with its task's best IQM: ``gap_to_best``, its IQM's gap to the best one as a share of
     the best one's size (-0.042: 0.958x the best where both are positive, the same measure for a negative reward; None
     where the best IQM is 0), and ``versus_best``: "best" (ties included), "in its CI" where its IQM lies inside the
     interval of the task's first best row, else the gap in % ("-4.2%", or "below" without a gap); "-" for a task with
-    one memory so far."""
+    one memory so far.
+
+    The best is that of the memories not named in ``variants`` (ablations of another memory), so that adding a
+    variant's rows does not change how the memories compare; a variant row is judged against that best, and is
+    "best" itself where it is above it."""
+    variants = set(variants)
     best: dict[str, dict] = {}
     for entry in rows:
+        if entry["memory"] in variants:
+            continue
         if entry["task"] not in best or entry["iqm"] > best[entry["task"]]["iqm"]:
             best[entry["task"]] = entry
     judged = []
     for entry in rows:
-        top = best[entry["task"]]
+        top = best.get(entry["task"], entry)
+        top = entry if entry["iqm"] > top["iqm"] else top
         gap = None if top["iqm"] == 0 else (entry["iqm"] - top["iqm"]) / abs(top["iqm"])
         if sum(other["task"] == entry["task"] for other in rows) < 2:
             verdict = "-"
@@ -299,7 +318,8 @@ def table(rows: list[dict], panel_id: str) -> str:
 def pair_rows(panel: dict, panel_id: str) -> list[dict]:
     """The table's entries of every pair that has results, in panel order, each compared with its task's best
     (``with_verdicts``)."""
-    return with_verdicts([entry for task, memory in pairs(panel) if (entry := row(panel, panel_id, task, memory)) is not None])
+    entries = [entry for task, memory in pairs(panel) if (entry := row(panel, panel_id, task, memory)) is not None]
+    return with_verdicts(entries, panel.get("variants", []))
 
 
 def write_table(panel: dict, panel_id: str) -> dict:

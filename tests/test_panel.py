@@ -67,6 +67,8 @@ def test_tiny_panel_end_to_end(tmp_path: str) -> None:
         ("seeds: 0-1\nmemories: {trxl: []}\ntasks: {poc: {config: configs/nothing.yaml}}\n", [], "does not exist"),
         ("seeds: 0-1\nmemories: {trxl: []}\ntasks: {poc: {config: configs/poc_memory_env.yaml, steps: 3}}\n", [], "'steps'"),
         (TINY, ["--only=gru"], "--only 'gru' is no task, memory or task-memory pair"),
+        (TINY + "variants: [gru]\n", [], "variants must list names of memories"),
+        (TINY + "variants: [trxl, none]\n", [], "variants lists every memory"),
     ],
 )
 def test_bad_panel_is_refused(tmp_path: str, text: str, flags: list[str], expected: str) -> None:
@@ -168,3 +170,22 @@ def test_each_row_is_judged_against_its_tasks_best_memory() -> None:
     assert counts["none"] == {"tasks": 2, "best_or_in_ci": 1, "within_10_percent": [], "short": ["a"]}
     near = panel.with_verdicts([entry("d", "trxl", 1.0, 0.99), entry("d", "lstm", 0.95, 0.9)])
     assert near[1]["versus_best"] == "-5.0%" and panel.tally(near)["lstm"]["within_10_percent"] == ["d"]
+
+
+def test_a_variant_is_judged_against_the_memories_best_without_becoming_it() -> None:
+    def entry(task: str, memory: str, iqm: float, low: float) -> dict:
+        return {"task": task, "memory": memory, "iqm": iqm, "ci": [low, iqm + 0.01]}
+
+    rows = [
+        entry("a", "trxl", 0.90, 0.85), entry("a", "gru", 0.80, 0.70), entry("a", "trxl-post", 0.99, 0.98),
+        entry("b", "trxl", 0.50, 0.45), entry("b", "gru", 0.60, 0.55), entry("b", "trxl-post", 0.545, 0.40),
+    ]  # fmt: skip
+    assert [row["versus_best"] for row in panel.with_verdicts(rows)] == [
+        "-9.1%", "-19.2%", "best", "-16.7%", "best", "-9.2%"
+    ]  # fmt: skip
+    judged = panel.with_verdicts(rows, variants=["trxl-post"])
+    assert [row["versus_best"] for row in judged] == ["best", "-11.1%", "best", "-16.7%", "best", "-9.2%"]
+    counts = panel.tally(judged)
+    assert counts["trxl"]["best_or_in_ci"] == 1 and counts["trxl-post"] == {
+        "tasks": 2, "best_or_in_ci": 1, "within_10_percent": ["b"], "short": []
+    }  # fmt: skip
