@@ -48,6 +48,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections import Counter
 from collections.abc import Iterable
 
 import numpy as np
@@ -238,12 +239,13 @@ def with_verdicts(rows: list[dict], variants: Iterable[str] = ()) -> list[dict]:
             continue
         if entry["task"] not in best or entry["iqm"] > best[entry["task"]]["iqm"]:
             best[entry["task"]] = entry
+    memories_per_task = Counter(entry["task"] for entry in rows)
     judged = []
     for entry in rows:
         top = best.get(entry["task"], entry)
         top = entry if entry["iqm"] > top["iqm"] else top
         gap = None if top["iqm"] == 0 else (entry["iqm"] - top["iqm"]) / abs(top["iqm"])
-        if sum(other["task"] == entry["task"] for other in rows) < 2:
+        if memories_per_task[entry["task"]] < 2:
             verdict = "-"
         elif entry["iqm"] == top["iqm"]:
             verdict = "best"
