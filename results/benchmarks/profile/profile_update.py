@@ -2,7 +2,8 @@
 torch.profiler, after a warm-up update, and print each phase's wall time, its self CPU time in torch's operators and
 the largest operators (docs/performance.md, "Where the time goes").
 
-Run from the repository root: python results/benchmarks/profile/profile_update.py float32 (or bfloat16).
+Run from the repository root: python results/benchmarks/profile/profile_update.py float32 (or bfloat16); a second and
+third argument set the workers and steps (default 8 128; the config's own size is 32 512).
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ from trainer import PPOTrainer  # noqa: E402
 CONFIG = "configs/mortar_mayhem_grid.yaml"
 
 
-def warmed_trainer(dtype: str, name: str) -> tuple[object, PPOTrainer]:
-    """The config (Mortar Mayhem Grid, 8 workers x 128 steps, ``compute_dtype`` ``dtype``) and its trainer after one
+def warmed_trainer(dtype: str, name: str, workers: int = 8, steps: int = 128) -> tuple[object, PPOTrainer]:
+    """The config (Mortar Mayhem Grid, ``workers`` x ``steps``, ``compute_dtype`` ``dtype``) and its trainer after one
     rollout and one update: the first update allocates and picks kernels. Also count_casts.py's."""
-    sets = [f"compute_dtype={dtype}", "n_workers=8", "worker_steps=128", "eval_interval=0"]
+    sets = [f"compute_dtype={dtype}", f"n_workers={workers}", f"worker_steps={steps}", "eval_interval=0"]
     config = load_config(CONFIG, parse_overrides(sets))
     torch.set_num_threads(2)
     folder = tempfile.mkdtemp()
@@ -37,9 +38,9 @@ def warmed_trainer(dtype: str, name: str) -> tuple[object, PPOTrainer]:
     return config, trainer
 
 
-def main(dtype: str) -> None:
-    """Print the profile of one rollout and one update with ``compute_dtype`` ``dtype``."""
-    _, trainer = warmed_trainer(dtype, "profile")
+def main(dtype: str, workers: int, steps: int) -> None:
+    """Print the profile of one rollout and one update with ``compute_dtype`` ``dtype`` at ``workers`` x ``steps``."""
+    _, trainer = warmed_trainer(dtype, "profile", workers, steps)
     phases = {"rollout": trainer.collector.collect, "train": lambda: trainer.learner.optimize(trainer.buffer, 1)}
     for phase, run in phases.items():
         with profile(activities=[ProfilerActivity.CPU]) as profiler:
@@ -48,12 +49,13 @@ def main(dtype: str) -> None:
             wall = time.time() - start
         events = profiler.key_averages()
         total = sum(event.self_cpu_time_total for event in events) / 1e6
-        print(f"== {dtype} {phase}: wall {wall:.2f}s, profiled self CPU {total:.2f}s")
-        for event in sorted(events, key=lambda event: -event.self_cpu_time_total)[:12]:
+        print(f"== {dtype} {workers}x{steps} {phase}: wall {wall:.2f}s, profiled self CPU {total:.2f}s")
+        for event in sorted(events, key=lambda event: -event.self_cpu_time_total)[:16]:
             seconds = event.self_cpu_time_total / 1e6
             print(f"  {event.key[:42]:42s} {seconds:7.3f}s {100 * seconds / total:5.1f}%  calls {event.count}")
     trainer.close()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "float32")
+    arguments = sys.argv[1:] + ["float32", "8", "128"][len(sys.argv) - 1 :]
+    main(arguments[0], int(arguments[1]), int(arguments[2]))
