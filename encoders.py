@@ -50,23 +50,39 @@ class _ConvOnLevels(torch.autograd.Function):
     ) -> torch.Tensor:
         ctx.save_for_backward(levels, weight)
         ctx.stride, ctx.padding = stride, padding
-        return F.conv2d(_channels_last_floats(levels), weight / 255, bias, stride, padding)
+        ctx.dtype = _autocast_dtype(levels.device.type)
+        return F.conv2d(_channels_last_floats(levels, ctx.dtype), weight / 255, bias, stride, padding)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[None, torch.Tensor | None, torch.Tensor | None, None, None]:
         levels, weight = ctx.saved_tensors
         stride, padding = ctx.stride, ctx.padding
-        grad = grad.float()  # bfloat16 under autocast (compute_dtype): the gradients are computed in float32
+        # In the forward's dtype, as autocast runs every other convolution's backward (bfloat16 with compute_dtype
+        # bfloat16); the gradients are returned in the parameters' float32.
         _, grad_weight, grad_bias = torch.ops.aten.convolution_backward(
-            grad, _channels_last_floats(levels), weight / 255, [weight.shape[0]], [stride, stride], [padding, padding],
-            [1, 1], False, [0, 0], 1, [False, ctx.needs_input_grad[1], ctx.needs_input_grad[2]],
+            grad.to(ctx.dtype), _channels_last_floats(levels, ctx.dtype), (weight / 255).to(ctx.dtype),
+            [weight.shape[0]], [stride, stride], [padding, padding], [1, 1], False, [0, 0], 1,
+            [False, ctx.needs_input_grad[1], ctx.needs_input_grad[2]],
         )  # fmt: skip
-        return None, None if grad_weight is None else grad_weight / 255, grad_bias, None, None
+        grad_weight = None if grad_weight is None else grad_weight.float() / 255
+        return None, grad_weight, None if grad_bias is None else grad_bias.float(), None, None
 
 
-def _channels_last_floats(images: torch.Tensor) -> torch.Tensor:
-    """(B, C, H, W) images as float32 in channels-last memory order (one copy at most)."""
-    return images.to(dtype=torch.float32, memory_format=torch.channels_last)
+def _channels_last_floats(images: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """(B, C, H, W) images as ``dtype`` in channels-last memory order.
+
+    uint8 levels are reordered first, a quarter of the bytes, and converted after, a plain elementwise copy. The levels
+    0-255 are exact in bfloat16 and float16 too, so under autocast they go straight to its dtype and the convolution's
+    input is not cast a second time (docs/performance.md).
+    """
+    if images.dtype == torch.uint8:
+        return images.contiguous(memory_format=torch.channels_last).to(dtype)
+    return images.to(dtype=dtype, memory_format=torch.channels_last)
+
+
+def _autocast_dtype(device_type: str) -> torch.dtype:
+    """The dtype autocast computes convolutions in on ``device_type`` (float32 where it is off)."""
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else torch.float32
 
 
 # (out channels, kernel, stride, padding) of the image encoder's convolutions: the reference's (the Nature DQN's) for
@@ -75,6 +91,9 @@ def _channels_last_floats(images: torch.Tensor) -> torch.Tensor:
 NATURE_LAYERS = ((32, 8, 4, 0), (64, 4, 2, 0), (64, 3, 1, 0))
 SMALL_LAYERS = ((32, 3, 1, 1), (64, 3, 2, 1), (64, 3, 1, 1))
 SMALL_IMAGE = 36  # sides below this get SMALL_LAYERS
+# Images the convolutions take at a time: a minibatch of 2048 84x84 RGB images (32 x 512 Mortar Mayhem Grid) would
+# otherwise need its float copy (170 MB, made in forward and again in backward) whole at once; a chunk's is a quarter.
+IMAGE_CHUNK = 512
 
 
 def conv_layers(height: int, width: int) -> tuple[tuple[int, int, int, int], ...]:
@@ -118,15 +137,22 @@ class ImageEncoder(nn.Module):
         """(B, Q, C, H, W) uint8 levels or floats in [0, 1] -> (B, Q, D)."""
         b, q = obs.shape[:2]
         x = obs.reshape(b * q, *self.observation_shape)
+        if len(x) > IMAGE_CHUNK:  # the convolutions of a large minibatch, a chunk of images at a time
+            x = torch.cat([self.features(chunk) for chunk in x.split(IMAGE_CHUNK)])
+        else:
+            x = self.features(x)
+        if self.embedding is not None:
+            x = torch.relu(self.embedding(x))
+        return x.view(b, q, -1)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, C, H, W) images -> (N, F) flattened convolution features."""
         first = self.conv[0]
         if x.dtype == torch.uint8:
             x = _ConvOnLevels.apply(x, first.weight, first.bias, first.stride[0], first.padding[0])
         else:
             x = first(_channels_last_floats(x))
-        x = self.conv[1:](x)  # channels-last activations from here on, flattened in (C, H, W) order
-        if self.embedding is not None:
-            x = torch.relu(self.embedding(x))
-        return x.view(b, q, -1)
+        return self.conv[1:](x)  # channels-last activations from here on, flattened in (C, H, W) order
 
 
 class VectorEncoder(nn.Module):

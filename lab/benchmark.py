@@ -215,8 +215,12 @@ def scaling(args: dict, config: object, overrides: dict, counts: list[int]) -> i
 
 # Beside the figures above, each path's: the dtype its products ran in, the float32 and bfloat16 (null where the
 # machine has no bfloat16 units) matrix-product rates, the model's MFLOP per environment step counted from the config
-# (lab/flops.py) for the rollout, the training and both, and the share of the ran dtype's rate they reach.
-ANALYTIC_KEYS = ("compute_dtype", "matmul_gflops", "matmul_bf16_gflops", "model_mflop_per_step", "share_of_dtype_matmul")
+# (lab/flops.py) for the rollout, the training and both, and the share of the ran dtype's rate they reach; and whether
+# the trainer kept freed memory for reuse (trainer.keep_freed_memory).
+ANALYTIC_KEYS = (
+    "compute_dtype", "matmul_gflops", "matmul_bf16_gflops", "model_mflop_per_step", "share_of_dtype_matmul",
+    "keeps_freed_memory",
+)  # fmt: skip
 
 
 def print_row(name: str, r: dict) -> None:

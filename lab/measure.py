@@ -118,6 +118,7 @@ def measure(config_path: str, overrides: dict, path: str, updates: int, device: 
         "peak_fraction": mflop * 1e6 * overall / (peak * 1e9),
         "matmul_gflops": peak,
         "compute_dtype": trainer.model.compute_dtype,
+        "keeps_freed_memory": trainer.keeps_freed_memory,
         "matmul_bf16_gflops": peak_bf16,
         "model_mflop_per_step": {phase: flops[phase] / 1e6 for phase in ("rollout", "train", "total")},
         "share_of_dtype_matmul": {phase: share_of_rate(flops[phase], sps, rate) for phase, sps in rates.items()},

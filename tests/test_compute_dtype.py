@@ -7,6 +7,7 @@ import pytest
 import torch
 from conftest import collect_random_rollout, small_config, train_small
 
+import encoders
 import model as precision
 from buffer import Buffer
 from model import ActorCriticModel, compute_dtype_for
@@ -62,7 +63,8 @@ def test_bfloat16_training_runs(tmp_path: str) -> None:
 
 
 def test_bfloat16_gradients_of_an_image_encoder_stay_close_to_float32() -> None:
-    """The uint8-levels convolution computes its weight gradients in float32 also under autocast."""
+    """The uint8-levels convolution's weight gradients, computed in bfloat16 under autocast, come back as float32
+    close to float32's."""
     torch.manual_seed(0)
     models = [ActorCriticModel(small_config(compute_dtype=dtype), (3, 36, 36), [3]) for dtype in ("float32", "bfloat16")]
     models[1].load_state_dict(models[0].state_dict())
@@ -75,6 +77,28 @@ def test_bfloat16_gradients_of_an_image_encoder_stay_close_to_float32() -> None:
         grads.append(model.encoder.conv[0].weight.grad)
     assert grads[1].dtype == torch.float32 and torch.isfinite(grads[1]).all()
     torch.testing.assert_close(grads[1], grads[0], atol=0.05 * grads[0].abs().max().item(), rtol=0)
+
+
+def test_convolution_on_levels_computes_what_autocast_computes_from_float_images() -> None:
+    """Under bfloat16 autocast the uint8 levels go straight to bfloat16 (exact for 0-255): the output and the weight
+    and bias gradients are those of autocast's own convolution of the float images in [0, 1]."""
+    torch.manual_seed(0)
+    levels = torch.randint(0, 256, (4, 3, 36, 36), dtype=torch.uint8)
+    conv = torch.nn.Conv2d(3, 8, 4, 2)
+    results = []
+    for on_levels in (True, False):
+        conv.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            if on_levels:
+                out = encoders._ConvOnLevels.apply(levels, conv.weight, conv.bias, 2)
+            else:
+                out = conv((levels.float() / 255).contiguous(memory_format=torch.channels_last))
+        assert out.dtype == torch.bfloat16
+        out.float().square().mean().backward()
+        results.append((out.float(), conv.weight.grad.clone(), conv.bias.grad.clone()))
+    for ours, autocasts in zip(*results, strict=True):
+        assert ours.dtype == torch.float32
+        torch.testing.assert_close(ours, autocasts, atol=0.01 * autocasts.abs().max().item(), rtol=0)
 
 
 def test_bfloat16_attention_weights_for_figures() -> None:

@@ -8,6 +8,7 @@ import pytest
 import torch
 from conftest import random_rollout_buffer, small_config
 
+import encoders
 from config import with_saved_defaults
 from memories.trxl import TrXLContext, ring_mask
 from model import ActorCriticModel, PolicyOutput
@@ -261,3 +262,22 @@ def test_value_trains_memory_false_keeps_the_value_gradient_out_of_the_shared_la
         assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.memory.parameters())
     # the option changes where gradients flow, not what the model computes
     torch.testing.assert_close(values[True], values[False])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_image_encoder_in_chunks_computes_what_it_does_at_once(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype) -> None:
+    """A minibatch of more images than ``IMAGE_CHUNK`` goes through the convolutions a chunk at a time (to bound the
+    float copy of the images): the same features and gradients as in one piece, in float32 and under autocast."""
+    torch.manual_seed(0)
+    encoder = encoders.ImageEncoder((3, 36, 36), 16)
+    levels = torch.randint(0, 256, (2, 5, 3, 36, 36), dtype=torch.uint8)
+    results = []
+    for chunk in (10, 3):  # one piece; chunks of 3, 3, 3 and 1
+        monkeypatch.setattr(encoders, "IMAGE_CHUNK", chunk)
+        encoder.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            out = encoder(levels)
+        out.float().square().mean().backward()
+        results.append([out.float()] + [p.grad.clone() for p in encoder.parameters()])
+    for chunked, whole in zip(results[1], results[0], strict=True):
+        torch.testing.assert_close(chunked, whole, atol=0.01 * whole.abs().max().item(), rtol=0)
