@@ -26,6 +26,7 @@ attention output is exactly zero, whatever the padding holds.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from typing import NamedTuple
@@ -188,16 +189,25 @@ class MultiHeadAttention(nn.Module):
         q = self.split_heads(self.query(query))  # (B, H, Q, d)
         if query_rotation is not None:
             q = rotate(q, query_rotation)
+        # On the CPU the attention itself runs in float32 also under bfloat16 autocast: there its bfloat16 kernels are
+        # slower than float32's (docs/performance.md), and the scores and the recency bias keep float32's precision.
+        in_float32 = q.device.type == "cpu" and q.dtype != torch.float32
+        if in_float32:
+            q, k, v = q.float(), k.float(), v.float()
         if safe_mask.is_floating_point():
             safe_mask = safe_mask.to(q.dtype)  # SDPA wants a float mask in the query's dtype (bfloat16 under autocast)
         weights = None
-        if return_weights:
-            scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, Q, S)
-            scores = scores + safe_mask if safe_mask.is_floating_point() else scores.masked_fill(~safe_mask, float("-inf"))
-            weights = scores.softmax(dim=-1) * has_memory.unsqueeze(1)
-            attended = weights @ v
-        else:
-            attended = F.scaled_dot_product_attention(q, k, v, attn_mask=safe_mask)  # (B, H, Q, d)
+        with torch.autocast("cpu", enabled=False) if in_float32 else contextlib.nullcontext():
+            if return_weights:
+                scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, Q, S)
+                if safe_mask.is_floating_point():
+                    scores = scores + safe_mask
+                else:
+                    scores = scores.masked_fill(~safe_mask, float("-inf"))
+                weights = scores.softmax(dim=-1) * has_memory.unsqueeze(1)
+                attended = weights @ v
+            else:
+                attended = F.scaled_dot_product_attention(q, k, v, attn_mask=safe_mask)  # (B, H, Q, d)
         b, h, n, d = attended.shape
         attended = attended.transpose(1, 2).reshape(b, n, h * d)  # (B, Q, D)
         return torch.where(has_memory, self.out(attended), 0.0), weights

@@ -9,6 +9,7 @@ from conftest import collect_random_rollout, small_config, train_small
 
 import encoders
 import model as precision
+import transformer
 from buffer import Buffer
 from model import ActorCriticModel, compute_dtype_for
 from ppo import forward_minibatch
@@ -232,3 +233,28 @@ def test_the_trainer_runs_and_records_the_dtype_the_cpu_supports(
         if value.tag.startswith("ran")
     ]
     assert texts == [f"    compute_dtype: {ran}\n    "]
+
+
+def test_attention_runs_in_float32_on_the_cpu_under_bfloat16(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the CPU the attention itself (scores, recency bias, softmax, weighted sum) computes in float32 also under
+    bfloat16 autocast, in rollouts and in training."""
+    seen = []
+    sdpa = transformer.F.scaled_dot_product_attention
+
+    def recording(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
+        seen.append((q.dtype, k.dtype, v.dtype, attn_mask.dtype))
+        return sdpa(q, k, v, attn_mask=attn_mask)
+
+    monkeypatch.setattr(transformer.F, "scaled_dot_product_attention", recording)
+    _, model = pair("trxl")
+    n, t = 3, 12
+    cpu = torch.device("cpu")
+    buffer = Buffer(n, t, (3,), torch.float32, 1, model.memory.trace(n, t, cpu), cpu)
+    collect_random_rollout(model, buffer, (3,), n_rollouts=1)
+    rollout_calls = len(seen)
+    for minibatch in buffer.minibatches(3, 1, torch.Generator().manual_seed(1)):
+        out = forward_minibatch(model, minibatch)
+    assert 0 < rollout_calls < len(seen), "both the rollout and the training attend"
+    for q, k, v, mask in seen:
+        assert q == k == v == torch.float32 and mask in (torch.float32, torch.bool)
+    assert out.value.dtype == torch.float32 and torch.isfinite(out.value).all()
