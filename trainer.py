@@ -87,11 +87,9 @@ class PPOTrainer:
         checkpoint: dict | None = None,
         ranks: Ranks = SINGLE,
     ) -> None:
-        """Build workers, model, learner, buffer and memory; with ``checkpoint``, continue that run exactly.
-
-        With ``ranks`` of several processes (distributed.py) this process trains its share of the ``n_workers`` lanes
-        and rank 0 alone writes files.
-        """
+        """Build workers, model, learner, buffer and memory; with ``checkpoint``, continue that run exactly. With
+        ``ranks`` of several processes (distributed.py) this process trains its share of the ``n_workers`` lanes and
+        rank 0 alone writes files; on the CPU the process keeps the memory it frees (``keep_freed_memory``)."""
         check_memory_path(memory_path, config)
         check_ranks(config, ranks)
         self.keeps_freed_memory = device.type == "cpu" and keep_freed_memory()
