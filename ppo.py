@@ -128,15 +128,18 @@ def clip_gradients(model: nn.Module, max_norm: float) -> tuple[dict[str, float],
     Returns each top-level module's gradient norm before clipping (for the summaries) and the total norm; every
     tensor's norm is computed once for both.
     """
-    module_norms = {}
-    grads = []
+    names, counts, grads = [], [], []
     groups = [(name, module.parameters()) for name, module in model.named_children()]
     groups.append(("model", model.parameters(recurse=False)))  # parameters outside the modules, if any
     for name, parameters in groups:
         module_grads = [p.grad for p in parameters if p.grad is not None]
         if module_grads:
-            module_norms[name] = torch.stack([grad.norm() for grad in module_grads]).norm()
+            names.append(name)
+            counts.append(len(module_grads))
             grads += module_grads
+    # Every tensor's norm in one fused call (as clip_grad_norm_ computes them), not one call per tensor.
+    tensor_norms = torch.stack(torch._foreach_norm(grads))
+    module_norms = dict(zip(names, [part.norm() for part in tensor_norms.split(counts)], strict=True))
     total_norm = torch.stack(list(module_norms.values())).norm()
     scale = (max_norm / (total_norm + 1e-6)).clamp(max=1.0)
     torch._foreach_mul_(grads, scale)

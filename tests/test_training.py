@@ -31,9 +31,15 @@ def test_gradient_clipping_matches_torch(tmp_path: str, scale: float) -> None:
         reference = [torch.nn.Parameter(p.detach().clone()) for p in parameters]
         for r, p in zip(reference, parameters, strict=True):
             r.grad = p.grad.clone()
+        expected_modules = {
+            f"grad_norm/{name}": torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in module.parameters()]))
+            for name, module in trainer.model.named_children()
+        }
         expected_norm = torch.nn.utils.clip_grad_norm_(reference, 0.5)
         norms, total = clip_gradients(trainer.model, 0.5)
         assert total == pytest.approx(expected_norm.item(), rel=1e-6)
+        for name, norm in norms.items():  # each module's norm before clipping, for the summaries
+            assert norm == pytest.approx(expected_modules[name].item(), rel=1e-5)
         for p, r in zip(parameters, reference, strict=True):
             torch.testing.assert_close(p.grad, r.grad)
         assert set(norms) == {f"grad_norm/{name}" for name, _ in trainer.model.named_children()}
