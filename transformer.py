@@ -152,6 +152,13 @@ class AttentionMask(NamedTuple):
         return cls(has_memory, safe_mask, query_rotation)
 
 
+def attention_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
+    """The dtype attention computes in for keys and queries of ``dtype`` on ``device``: float32 on the CPU (also under
+    bfloat16 autocast, see MultiHeadAttention.forward), ``dtype`` elsewhere. The rollout's key/value cache is kept in
+    it, so that a step converts no cached keys and values."""
+    return torch.float32 if device.type == "cpu" else dtype
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head cross-attention from query tokens to projected memory slots (full D x D projections)."""
 
@@ -192,7 +199,7 @@ class MultiHeadAttention(nn.Module):
         # On the CPU the attention itself runs in float32 also under bfloat16 autocast, so that the scores and the
         # recency bias keep float32's precision: masked CartPole learnt worse with it in bfloat16, and the steps/s
         # are the same either way (results/ablations/bfloat16/README.md).
-        in_float32 = q.device.type == "cpu" and q.dtype != torch.float32
+        in_float32 = attention_dtype(q.device, q.dtype) != q.dtype
         if in_float32:
             q, k, v = q.float(), k.float(), v.float()
         if safe_mask.is_floating_point():

@@ -52,7 +52,7 @@ from torch import nn
 
 from config import TransformerConfig, check_memory_rules
 from memories.base import Memory, MemoryOutput, MemoryState, MemoryTrace
-from transformer import KeyValueSource, Transformer
+from transformer import KeyValueSource, Transformer, attention_dtype
 
 
 def window_mask(
@@ -335,7 +335,12 @@ class TrXLMemory(Memory):
         """Re-project the cached keys and values with the current weights (fast path)."""
         if self.path == "fast":
             with self.autocast():
-                state.keys_values = self.transformer.project_memory(state.tokens, state.token_steps)
+                keys_values = self.transformer.project_memory(state.tokens, state.token_steps)
+            # In the dtype attention computes in (float32 on the CPU also under bfloat16 autocast: the very values it
+            # would convert them to), so that each step converts only its new keys and values, in commit, not the
+            # whole cached window at every step.
+            dtype = attention_dtype(state.tokens.device, keys_values[0][0].dtype)
+            state.keys_values = [(k.to(dtype), v.to(dtype)) for k, v in keys_values]
 
     def step(
         self, h: torch.Tensor, state: TrXLState, index: torch.Tensor | None = None, return_attention: bool = False
@@ -375,8 +380,8 @@ class TrXLMemory(Memory):
             with self.autocast():
                 new = self.transformer.project_memory(stored.unsqueeze(1), state.episode_steps.unsqueeze(1))  # (N, H, 1, d)
             for (k, v), (new_k, new_v) in zip(state.keys_values, new, strict=True):
-                k[rows, :, slots] = new_k[:, :, 0]
-                v[rows, :, slots] = new_v[:, :, 0]
+                k[rows, :, slots] = new_k[:, :, 0].to(k.dtype)
+                v[rows, :, slots] = new_v[:, :, 0].to(v.dtype)
         state.episode_steps += 1
 
     def trace(self, n_workers: int, worker_steps: int, device: torch.device) -> TrXLTrace:

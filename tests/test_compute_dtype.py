@@ -258,3 +258,26 @@ def test_attention_runs_in_float32_on_the_cpu_under_bfloat16(monkeypatch: pytest
     for q, k, v, mask in seen:
         assert q == k == v == torch.float32 and mask in (torch.float32, torch.bool)
     assert out.value.dtype == torch.float32 and torch.isfinite(out.value).all()
+
+
+def test_the_rollout_cache_holds_the_bfloat16_keys_in_the_attention_dtype() -> None:
+    """Under bfloat16 on the CPU the fast path's key/value cache is kept in float32, the dtype attention computes in,
+    holding exactly the bfloat16 projections (so a step converts no cached window); the keys written step by step
+    (``commit``) are those a fresh projection of the ring's tokens gives."""
+    model = pair("trxl")[1]
+    state = model.memory.start(4, torch.device("cpu"))
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for _ in range(6):
+            model.act(torch.rand(4, 3, generator=generator), state, lambda policy: policy.sample())
+        stepped = [(k.clone(), v.clone()) for k, v in state.keys_values]
+        with model.memory.autocast():
+            projected = model.memory.transformer.project_memory(state.tokens, state.token_steps)
+        model.memory.sync(state)
+    assert projected[0][0].dtype == torch.bfloat16, "the projection itself computes in bfloat16"
+    for (k, v), (k_fresh, v_fresh), (k_step, v_step) in zip(projected, state.keys_values, stepped, strict=True):
+        assert k_fresh.dtype == v_fresh.dtype == torch.float32
+        assert torch.equal(k_fresh, k.float()) and torch.equal(v_fresh, v.float())
+        written = slice(0, 6)  # the ring slots of the 6 steps taken
+        assert torch.equal(k_step[:, :, written], k_fresh[:, :, written])
+        assert torch.equal(v_step[:, :, written], v_fresh[:, :, written])
