@@ -459,6 +459,21 @@ def requeue_unfinished(study: optuna.Study) -> int:
     return count
 
 
+def one_ask_at_a_time(study: optuna.Study) -> None:
+    """Serialise ``study.ask`` within this process. Optuna takes a queued trial (the base config's, or one queued
+    again) by reading it as waiting and then marking it running; on SQLite, which has no row locks, two threads of
+    ``--jobs`` > 1 can both read it waiting and both run it: seen as the base config's trial 0 started twice, its seeds
+    training into the same folders, and one trial fewer in the study. ``study.optimize`` asks through the instance's
+    attribute, so wrapping it here covers its worker threads."""
+    ask, lock = study.ask, threading.Lock()
+
+    def locked_ask(*args: object, **kwargs: object) -> optuna.Trial:
+        with lock:
+            return ask(*args, **kwargs)
+
+    study.ask = locked_ask
+
+
 def mark_interrupted(study: optuna.Study) -> None:
     """This process's trials still running after an interrupt (a worker thread that had not reached its handler), failed
     and marked interrupted, so that the next invocation queues them again without waiting for them to look dead."""
@@ -612,6 +627,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             study.enqueue_trial(values, user_attrs={"base": True})
     requeued = requeue_unfinished(study)
+    one_ask_at_a_time(study)
     remaining = settings.trials - counted(study)
     print(
         f"study {settings.id}: {counted(study)} of {settings.trials} trials done"

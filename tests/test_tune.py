@@ -250,10 +250,21 @@ def seed_processes(study: str, marker: str = "--run-id=tune/{study}/") -> dict[i
     return found
 
 
+def seed_runs(study: str) -> dict[str, int]:
+    """{run id: how many train.py processes train it} of a study's live seeds."""
+    runs: dict[str, int] = {}
+    for command in seed_processes(study).values():
+        if "train.py" in command:
+            run_id = re.search(r"--run-id=(\S+)", command)[1]
+            runs[run_id] = runs.get(run_id, 0) + 1
+    return runs
+
+
 @contextlib.contextmanager
 def long_study(folder: str, study: str) -> Iterator[subprocess.Popen]:
-    """A study of 2 trials at a time, 2 seeds each, too long to finish during the test, once its seeds train (all 4,
-    or those that started within 2 minutes on a busy machine); killed afterwards whatever the test did."""
+    """A study of 2 trials at a time, 2 seeds each, too long to finish during the test, once all 4 seeds train, each
+    run once (two parallel trials once both took the base config's queued trial: 2 run ids, each trained twice);
+    killed afterwards whatever the test did."""
     with open(os.path.join(folder, "search.yaml"), "w") as file:
         file.write(SEARCH)
     command = tune_command(study, trials=4, updates=10_000, extra=("--jobs=2",))
@@ -261,11 +272,13 @@ def long_study(folder: str, study: str) -> Iterator[subprocess.Popen]:
                                env=module_environment())  # fmt: skip
     try:
         deadline = time.time() + 120
-        while len({re.search(r"--run-id=(\S+)", command)[1] for command in seed_processes(study).values()}) < 4:
-            assert process.poll() is None, process.communicate()
-            if time.time() > deadline:
-                assert seed_processes(study), "no seed started"
+        while True:
+            run_ids = seed_runs(study)
+            assert all(count == 1 for count in run_ids.values()), f"a seed trains twice: {run_ids}"
+            if len(run_ids) == 4:
                 break
+            assert process.poll() is None, process.communicate()
+            assert time.time() < deadline, f"in 2 minutes only these seeds started: {run_ids}"
             time.sleep(0.2)
         yield process
     finally:
