@@ -38,6 +38,13 @@ def warmed_trainer(dtype: str, name: str, workers: int = 8, steps: int = 128) ->
     return config, trainer
 
 
+def size_arguments(argv: list[str]) -> tuple[str, int, int]:
+    """The compute dtype, workers and steps from the command line (``argv`` without the script's name), defaulting to
+    float32, 8 and 128 where left out: this script's and time_phases.py's arguments."""
+    dtype, workers, steps = (argv + ["float32", "8", "128"][len(argv) :])[:3]
+    return dtype, int(workers), int(steps)
+
+
 def main(dtype: str, workers: int, steps: int) -> None:
     """Print the profile of one rollout and one update with ``compute_dtype`` ``dtype`` at ``workers`` x ``steps``."""
     _, trainer = warmed_trainer(dtype, "profile", workers, steps)
@@ -57,5 +64,4 @@ def main(dtype: str, workers: int, steps: int) -> None:
 
 
 if __name__ == "__main__":
-    arguments = sys.argv[1:] + ["float32", "8", "128"][len(sys.argv) - 1 :]
-    main(arguments[0], int(arguments[1]), int(arguments[2]))
+    main(*size_arguments(sys.argv[1:]))

@@ -20,7 +20,7 @@ sys.path.insert(0, os.getcwd())
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from profile_update import warmed_trainer  # noqa: E402
+from profile_update import size_arguments, warmed_trainer  # noqa: E402
 
 import ppo  # noqa: E402
 
@@ -77,8 +77,7 @@ class PhaseClock:
 
 
 def main() -> None:
-    dtype = sys.argv[1] if len(sys.argv) > 1 else "float32"
-    workers, steps = (int(value) for value in (sys.argv[2:4] if len(sys.argv) > 3 else (8, 128)))
+    dtype, workers, steps = size_arguments(sys.argv[1:])
     _, trainer = warmed_trainer(dtype, "phases", workers, steps)
     collector, learner, model = trainer.collector, trainer.learner, trainer.learner.model
     clock = PhaseClock()
