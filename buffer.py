@@ -31,6 +31,17 @@ def _pick(index: tuple[torch.Tensor, ...], x: torch.Tensor) -> torch.Tensor:
     return x[index]
 
 
+def _observation_storage(n: int, t: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Zeros (N, T, *shape) for one kind of observation. Images, stored as uint8 levels (encoders.quantize_images: a
+    quarter of float32's memory), are laid out channels-last, as the encoder prepares them
+    (encoders.channels_last_levels): a minibatch picked from them by worker and step keeps that layout, which the
+    convolutions take without reordering."""
+    if dtype == torch.uint8 and len(shape) == 3:
+        c, h, w = shape
+        return torch.zeros(n, t, h, w, c, dtype=dtype, device=device).movedim(-1, 2)
+    return torch.zeros(n, t, *shape, dtype=dtype, device=device)
+
+
 class Minibatch(NamedTuple):
     """B chunks of C consecutive steps, with the memory context of each chunk.
 
@@ -74,14 +85,13 @@ class Buffer:
         self.n_workers, self.worker_steps = n, t
         self.device = device
         self.trace = trace
-        # Images are stored as uint8 levels (see encoders.quantize_images): a quarter of float32's memory.
         if isinstance(observation_shape, dict):  # one tensor per key of a dict observation
             self.obs = {
-                key: torch.zeros(n, t, *shape, dtype=observation_dtype[key], device=device)
+                key: _observation_storage(n, t, shape, observation_dtype[key], device)
                 for key, shape in observation_shape.items()
             }
         else:
-            self.obs = torch.zeros(n, t, *observation_shape, dtype=observation_dtype, device=device)
+            self.obs = _observation_storage(n, t, observation_shape, observation_dtype, device)
         self.actions = torch.zeros(n, t, n_action_dims, dtype=action_dtype, device=device)
         self.log_probs = torch.zeros(n, t, device=device)
         self.values = torch.zeros(n, t, device=device)

@@ -28,6 +28,19 @@ def quantize_images(obs: torch.Tensor) -> torch.Tensor:
     return (obs * 255).round_().clamp_(0, 255).to(torch.uint8)
 
 
+def channels_last_levels(levels: torch.Tensor) -> torch.Tensor:
+    """Images (..., C, H, W) with the same shape and values, laid out in memory as (..., H, W, C): channels last.
+
+    The CPU's convolution kernels take images channels-last, so every convolution of channels-first images reorders
+    them first. For uint8 images of 3 channels that reorder is a slow copy (about 1.2 GB/s on the development CPU: a
+    32 x 512 minibatch of 2048 84x84 images took 35-50 ms, made in forward and again in backward). Images are laid
+    out this way once, when a rollout step prepares them; the buffer keeps the layout (``Buffer``), and picking a
+    minibatch's steps by their leading indices keeps it too, so the convolutions reorder nothing in training
+    (docs/performance.md, "Images stored channels-last").
+    """
+    return levels.movedim(-3, -1).contiguous().movedim(-1, -3)
+
+
 def dequantize_images(obs: torch.Tensor) -> torch.Tensor:
     """uint8 levels back to float32 in [0, 1]; float input is returned as it is."""
     return obs.float() / 255 if obs.dtype == torch.uint8 else obs
@@ -71,7 +84,8 @@ class _ConvOnLevels(torch.autograd.Function):
 def _channels_last_floats(images: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """(B, C, H, W) images as ``dtype`` in channels-last memory order.
 
-    uint8 levels are reordered first, a quarter of the bytes, and converted after, a plain elementwise copy. The levels
+    uint8 levels are reordered first, a quarter of the bytes, and converted after, a plain elementwise copy; levels
+    the encoder prepared are channels-last already (``channels_last_levels``), so they are only converted. The levels
     0-255 are exact in bfloat16 and float16 too, so under autocast they go straight to its dtype and the convolution's
     input is not cast a second time (docs/performance.md).
     """
@@ -128,9 +142,10 @@ class ImageEncoder(nn.Module):
         self.output_dim = features if embed_dim is None else embed_dim
 
     def prepare(self, obs: np.ndarray) -> torch.Tensor:
-        """Environment images (..., C, H, W) in [0, 1] as uint8 levels on the model's device: quantised on the host,
-        so that a GPU receives a quarter of the bytes float32 would take."""
-        levels = quantize_images(torch.as_tensor(obs, dtype=torch.float32))
+        """Environment images (..., C, H, W) in [0, 1] as uint8 levels on the model's device, laid out channels-last
+        (``channels_last_levels``): quantised on the host, so that a GPU receives a quarter of the bytes float32 would
+        take."""
+        levels = channels_last_levels(quantize_images(torch.as_tensor(obs, dtype=torch.float32)))
         return levels.to(self.conv[0].weight.device, non_blocking=True)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:

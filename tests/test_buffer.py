@@ -42,6 +42,29 @@ def test_buffer_stores_images_as_uint8() -> None:
     assert vector_model.prepare(torch.rand(2, 5).numpy()).dtype == torch.float32
 
 
+@pytest.mark.parametrize("sampling", ["chunks", "steps"])
+def test_images_stay_channels_last_from_the_rollout_to_the_minibatch(sampling: str) -> None:
+    """The convolutions take images channels-last: prepared images, the buffer and its minibatches keep that memory
+    layout (so training reorders nothing) with the values and the logical (C, H, W) shape unchanged."""
+    model = ActorCriticModel(small_config(), (3, 36, 36), [1])
+    cpu = torch.device("cpu")
+    buffer = Buffer(2, 4, (3, 36, 36), model.storage_dtype, 1, model.memory.trace(2, 4, cpu), cpu)
+    assert buffer.obs.shape == (2, 4, 3, 36, 36) and buffer.obs.stride()[2:] == (1, 36 * 3, 3)
+    state = model.memory.start(2, cpu)
+    images = torch.rand(4, 2, 3, 36, 36)
+    with torch.no_grad():
+        for t in range(4):
+            obs = model.prepare(images[t].numpy())
+            assert obs.is_contiguous(memory_format=torch.channels_last) and not obs.is_contiguous()
+            assert torch.equal(obs, quantize_images(images[t]))
+            _, out, _ = model.act(obs, state, lambda policy: policy.sample())
+            buffer.record_step(t, obs, torch.zeros(2, 1), torch.zeros(2), torch.zeros(2), out.record)
+    assert torch.equal(buffer.obs, quantize_images(images.transpose(0, 1)))
+    minibatch = next(buffer.minibatches(1, 2, torch.Generator().manual_seed(0), sampling))
+    flat = minibatch.obs.reshape(-1, 3, 36, 36)
+    assert flat.is_contiguous(memory_format=torch.channels_last) and not flat.is_contiguous()
+
+
 @pytest.mark.parametrize("side", [84, 12])  # the reference's convolutions, and the padded ones of small images
 def test_model_on_uint8_images_equals_float_images_with_gradients(side: int) -> None:
     torch.manual_seed(0)
