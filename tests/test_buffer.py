@@ -7,7 +7,7 @@ import torch
 from conftest import small_config
 
 from buffer import Buffer
-from encoders import dequantize_images, quantize_images
+from encoders import ImageEncoder, channels_last_levels, dequantize_images, quantize_images
 from memories.trxl import TrXLContext
 from model import ActorCriticModel
 
@@ -63,6 +63,23 @@ def test_images_stay_channels_last_from_the_rollout_to_the_minibatch(sampling: s
     minibatch = next(buffer.minibatches(1, 2, torch.Generator().manual_seed(0), sampling))
     flat = minibatch.obs.reshape(-1, 3, 36, 36)
     assert flat.is_contiguous(memory_format=torch.channels_last) and not flat.is_contiguous()
+
+
+@pytest.mark.parametrize("bfloat16", [False, True])
+def test_the_encoder_gives_the_same_bits_for_either_layout_of_the_levels(bfloat16: bool) -> None:
+    """Storing images channels-last changes only their memory layout: outputs and gradients are bit for bit the same."""
+    torch.manual_seed(0)
+    encoder = ImageEncoder((3, 36, 36), 16)
+    levels = torch.randint(0, 256, (2, 5, 3, 36, 36), dtype=torch.uint8)
+    results = []
+    for obs in (levels, channels_last_levels(levels)):
+        encoder.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bfloat16):
+            out = encoder(obs)
+        out.float().square().sum().backward()
+        results.append((out.detach(), [p.grad.clone() for p in encoder.parameters()]))
+    assert torch.equal(results[0][0], results[1][0])
+    assert all(torch.equal(a, b) for a, b in zip(results[0][1], results[1][1], strict=True))
 
 
 @pytest.mark.parametrize("side", [84, 12])  # the reference's convolutions, and the padded ones of small images
