@@ -19,19 +19,28 @@ def test_images_of_255_levels_round_trip_exactly() -> None:
     assert quantize_images(images).dtype == torch.uint8
 
 
+def recorded_rollout(model: ActorCriticModel, images: torch.Tensor) -> tuple[Buffer, list[torch.Tensor]]:
+    """A buffer holding the rollout of ``model`` on ``images`` (T, N, *obs_shape), step t seeing images[t], and the
+    observations as ``model.prepare`` made them."""
+    steps, workers = images.shape[:2]
+    cpu = torch.device("cpu")
+    buffer = Buffer(workers, steps, images.shape[2:], model.storage_dtype, 1, model.memory.trace(workers, steps, cpu), cpu)
+    state, prepared = model.memory.start(workers, cpu), []
+    with torch.no_grad():
+        for t in range(steps):
+            obs = model.prepare(images[t].numpy())
+            _, out, _ = model.act(obs, state, lambda policy: policy.sample())
+            buffer.record_step(t, obs, torch.zeros(workers, 1), torch.zeros(workers), torch.zeros(workers), out.record)
+            prepared.append(obs)
+    return buffer, prepared
+
+
 def test_buffer_stores_images_as_uint8() -> None:
     model = ActorCriticModel(small_config(), (3, 36, 36), [1])
     assert model.storage_dtype == torch.uint8
-    cpu = torch.device("cpu")
-    buffer = Buffer(2, 4, (3, 36, 36), model.storage_dtype, 1, model.memory.trace(2, 4, cpu), cpu)
-    assert buffer.obs.dtype == torch.uint8
     images = torch.rand(2, 3, 36, 36)
-    state = model.memory.start(2, cpu)
-    with torch.no_grad():
-        for t in range(4):
-            obs = model.prepare(images.numpy())
-            _, out, _ = model.act(obs, state, lambda policy: policy.sample())
-            buffer.record_step(t, obs, torch.zeros(2, 1), torch.zeros(2), torch.zeros(2), out.record)
+    buffer, _ = recorded_rollout(model, images.expand(4, -1, -1, -1, -1))
+    assert buffer.obs.dtype == torch.uint8
     minibatch = next(buffer.minibatches(1, 4, torch.Generator().manual_seed(0)))
     assert minibatch.obs.dtype == torch.uint8
     assert torch.equal(minibatch.obs[0, 0], quantize_images(images[0])) or torch.equal(
@@ -47,18 +56,12 @@ def test_images_stay_channels_last_from_the_rollout_to_the_minibatch(sampling: s
     """The convolutions take images channels-last: prepared images, the buffer and its minibatches keep that memory
     layout (so training reorders nothing) with the values and the logical (C, H, W) shape unchanged."""
     model = ActorCriticModel(small_config(), (3, 36, 36), [1])
-    cpu = torch.device("cpu")
-    buffer = Buffer(2, 4, (3, 36, 36), model.storage_dtype, 1, model.memory.trace(2, 4, cpu), cpu)
-    assert buffer.obs.shape == (2, 4, 3, 36, 36) and buffer.obs.stride()[2:] == (1, 36 * 3, 3)
-    state = model.memory.start(2, cpu)
     images = torch.rand(4, 2, 3, 36, 36)
-    with torch.no_grad():
-        for t in range(4):
-            obs = model.prepare(images[t].numpy())
-            assert obs.is_contiguous(memory_format=torch.channels_last) and not obs.is_contiguous()
-            assert torch.equal(obs, quantize_images(images[t]))
-            _, out, _ = model.act(obs, state, lambda policy: policy.sample())
-            buffer.record_step(t, obs, torch.zeros(2, 1), torch.zeros(2), torch.zeros(2), out.record)
+    buffer, prepared = recorded_rollout(model, images)
+    assert buffer.obs.shape == (2, 4, 3, 36, 36) and buffer.obs.stride()[2:] == (1, 36 * 3, 3)
+    for t, obs in enumerate(prepared):
+        assert obs.is_contiguous(memory_format=torch.channels_last) and not obs.is_contiguous()
+        assert torch.equal(obs, quantize_images(images[t]))
     assert torch.equal(buffer.obs, quantize_images(images.transpose(0, 1)))
     minibatch = next(buffer.minibatches(1, 2, torch.Generator().manual_seed(0), sampling))
     flat = minibatch.obs.reshape(-1, 3, 36, 36)

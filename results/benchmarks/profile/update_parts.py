@@ -31,6 +31,7 @@ def main() -> None:
         )
     )
     reached: list[float] = []
+    clip_range, beta = config.clip_range_schedule.value(1), config.beta_schedule.value(1)  # as learner.optimize(_, 1)
 
     def timed(minibatch: object) -> dict[str, float]:
         learner.optimizer.zero_grad(set_to_none=True)
@@ -43,7 +44,7 @@ def main() -> None:
             out = model.memory.forward_chunks(h, minibatch.memory)
         remembered = time.perf_counter()
         loss, _ = ppo.ppo_loss(
-            model.heads(out), minibatch, 0.1, 1e-4, config.value_loss_coefficient, config.normalize_advantages,
+            model.heads(out), minibatch, clip_range, beta, config.value_loss_coefficient, config.normalize_advantages,
             learner.normalize,
         )  # fmt: skip
         lossed = time.perf_counter()
