@@ -9,6 +9,9 @@ optimizer, config, the run's counters, the random number generator states, each 
 trace carried into the next rollout, and the environments' state (their episode numbers and the actions of the
 running episodes, which ``Workers.restore`` replays). A model file (``models/<run-id>.nn``) holds what enjoy.py needs:
 weights, config, observation shape and action dims.
+
+What a resumed run may change lives here as well (``check_resume``): nothing that the saved memory, environment or
+normalisation state depends on, nor anything that gives the model other parameters.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 import observations
-from config import Config, ConfigError, validate_config, with_saved_defaults
+from config import Config, ConfigError, flatten, validate_config, with_saved_defaults
 from distributed import SINGLE, Ranks, gather_to_main
 from environments.action_spec import ActionSpec
 from memories.base import MemoryState, MemoryTrace
@@ -255,3 +258,131 @@ def restore_training(
         payload["run_id"], payload["seed"], payload["memory_path"], payload["summary_dir"], payload["update"],
         payload["env_steps"],
     )  # fmt: skip
+
+
+# What a resumed run may change. The saved memory and environment state depend on these keys, whatever the model's
+# parameters; keys that change the parameters' shapes are found by building the new model (``model_changes``).
+# (worker_steps may change: the checkpoint holds only the last memory_length steps of the trace, which any T carries.)
+STATE_KEYS = ("memory", "transformer.memory_length", "n_workers", "memory_dtype", "environment")
+# Keys that change what the saved parameters mean without changing their shapes.
+MEANING_KEYS = (
+    "transformer.num_heads",
+    "transformer.positional_encoding",
+    "transformer.query_position",
+    "transformer.positional_values",
+    "transformer.recency_bias",
+)
+
+
+def statistics_changes(saved: dict, config: dict) -> list[str]:
+    """The changes from the saved config ``saved`` to ``config`` (both validated, as dicts) that would drop or
+    invalidate the normalisation statistics a checkpoint carries, each with the reason: normalisation turned off (the
+    statistics are dropped) or on (they start from nothing under a trained model), another ``normalize_clip`` than the
+    statistics were applied with, or another ``gamma`` than the discounted returns whose spread scales the rewards."""
+    observations_on, rewards_on = saved["normalize_observations"], saved["normalize_rewards"]
+    reasons = {
+        "normalize_observations": "the saved observation statistics would be "
+        + ("dropped" if observations_on else "started from nothing under a model trained on raw observations"),
+        "normalize_rewards": "the saved return statistics would be "
+        + ("dropped" if rewards_on else "started from nothing under a value function trained on raw rewards"),
+        "normalize_clip": f"the saved statistics were applied clipped to {saved['normalize_clip']!r}",
+        "gamma": f"the saved reward scale is the spread of returns discounted with gamma {saved['gamma']!r}",
+    }
+    applies = {"normalize_clip": observations_on or rewards_on, "gamma": rewards_on}
+    return [
+        f"{key} {saved[key]!r} -> {config[key]!r} ({reason})"
+        for key, reason in reasons.items()
+        if applies.get(key, True) and saved[key] != config[key]
+    ]
+
+
+def _value(raw: dict, dotted: str) -> object:
+    for part in dotted.split("."):
+        raw = raw.get(part) if isinstance(raw, dict) else None
+    return raw
+
+
+def _environment_shapes(environment: dict) -> str:
+    """Observation and action shapes of an environment section ("observations (3,) and actions [3]"), or "" where it
+    cannot be built here."""
+    try:
+        from environments import create_env
+
+        env = create_env(environment)
+    except Exception:  # only for the message: the environment's own errors show when training starts
+        return ""
+    try:
+        return f"observations {observations.shape_of(env.observation_space)} and actions {ActionSpec.of(env.action_space)}"
+    except (AttributeError, TypeError, ValueError):
+        return ""
+    finally:
+        env.close()
+
+
+def model_changes(checkpoint: dict, saved: dict, config: dict) -> list[str]:
+    """The config keys that differ between the checkpoint's and the new config, named with the first saved parameter
+    whose shape the new config changes (or that it adds or drops); empty where the saved parameters fit."""
+    model = ActorCriticModel(
+        validate_config(config), observations.normalize_shape(checkpoint["observation_shape"]), saved_actions(checkpoint)
+    )
+    new = {name: tuple(value.shape) for name, value in model.state_dict().items()}
+    old = {name: tuple(value.shape) for name, value in checkpoint["model"].items()}
+    differ = [name for name in sorted(set(old) | set(new)) if old.get(name) != new.get(name)]
+    if not differ:
+        return []
+    name = differ[0]
+    shapes = ", ".join(f"{which} {shape}" for which, shape in (("saved", old.get(name)), ("new", new.get(name))) if shape)
+    flat_old, flat_new = flatten(saved), flatten(config)
+    keys = [
+        f"{key} {flat_old.get(key)!r} -> {flat_new.get(key)!r}"
+        for key in flat_new
+        if key != "updates" and flat_old.get(key) != flat_new.get(key)
+    ]
+    return [f"{', '.join(keys) or 'the config'} (parameter {name}: {shapes})"]
+
+
+def check_resume(checkpoint: dict, config: dict) -> None:
+    """Refuse to resume ``checkpoint`` with ``config`` (the resumed run's, validated, as a dict) where the saved state
+    would not carry over: ValueError naming each key, its saved and new value, and what to do instead.
+
+    Refused are changes that would drop or invalidate the saved normalisation statistics (``statistics_changes``),
+    changes of ``STATE_KEYS`` or ``MEANING_KEYS``, and, where neither, changes that give the model other parameter
+    shapes: the saved model, optimizer, memory or environment state would not fit.
+    """
+    try:
+        saved = validate_config(with_saved_defaults(checkpoint["config"])).to_dict()  # keys added since, filled in
+    except ConfigError:
+        saved = checkpoint["config"]
+    statistics = statistics_changes(saved, config) if isinstance(saved, dict) and "gamma" in saved else []
+    if statistics:
+        raise ValueError(
+            f"the checkpoint cannot be resumed with {'; '.join(statistics)}: a resumed run continues the normalisation "
+            "statistics of its checkpoint. Resume without that --set, or train a new run with these values "
+            "(--config with them and another --run-id)"
+        )
+    changes = []
+    for key in STATE_KEYS + MEANING_KEYS:
+        old, new = _value(saved, key), _value(config, key)
+        if old == new:
+            continue
+        if key == "environment" and isinstance(old, dict) and isinstance(new, dict):
+            keys = ["type"] if old.get("type") != new.get("type") else sorted(set(old) | set(new), key=str)
+            differ = ", ".join(f"environment.{k} {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k))
+            saved_shapes = (
+                f"observations {observations.normalize_shape(checkpoint['observation_shape'])} and actions "
+                f"{saved_actions(checkpoint)}"
+            )
+            new_shapes = _environment_shapes(new)
+            new_shapes = f", the new environment gives {new_shapes}" if new_shapes else ""
+            changes.append(f"{differ} (the checkpoint's model takes {saved_shapes}{new_shapes})")
+        else:
+            changes.append(f"{key} {old!r} -> {new!r}")
+    if not changes:
+        changes = model_changes(checkpoint, saved, config)
+    if changes:
+        raise ValueError(
+            f"the checkpoint cannot be resumed with {'; '.join(changes)}: "
+            f"{'this changes' if len(changes) == 1 else 'these change'} the shapes of the saved model or memory "
+            "(or the environment the saved episodes replay in). Resume without that --set, or start a new run "
+            "with --config and --run-id"
+        )

@@ -37,39 +37,23 @@ import tempfile
 import torch
 
 import distributed
-from checkpoint import load_file, saved_actions
+from checkpoint import check_resume, load_file
 from cli import ROOT, parse_args, shipped_path
 from config import (
     ConfigError,
     apply_overrides,
-    flatten,
     load_config,
     parse_overrides,
     resumable,
     validate_config,
-    with_saved_defaults,
 )
 from distributed import SINGLE, Ranks
-from environments.action_spec import ActionSpec
-from observations import normalize_shape, shape_of
 from trainer import PPOTrainer, TrainingStopped, check_memory_path
 from worker import WorkerError, usable_cores
 
 MIN_FREE_MB = 100  # refuse to start with less free disk space than this for models and summaries
 DEFAULT_CONFIG = "configs/poc_memory_env.yaml"
 MODELS_DIR, SUMMARIES_DIR = "models", "summaries"  # relative to the current folder, as PPOTrainer's defaults
-# Config keys that the saved memory or environment state depends on, whatever the model's parameters: a resumed run
-# cannot change them. Keys that change the model's parameters are found by building the new model (``model_changes``).
-# (worker_steps may change: the checkpoint holds only the last memory_length steps of the trace, which any T carries.)
-STATE_KEYS = ("memory", "transformer.memory_length", "n_workers", "memory_dtype", "environment")
-# Keys that change what the saved parameters mean without changing their shapes.
-MEANING_KEYS = (
-    "transformer.num_heads",
-    "transformer.positional_encoding",
-    "transformer.query_position",
-    "transformer.positional_values",
-    "transformer.recency_bias",
-)
 
 
 def check_writable(folder: str) -> None:
@@ -105,88 +89,6 @@ def config_path(path: str | None) -> str:
             f"run from the repository root ({ROOT}) or pass the file's full path"
         )
     return path
-
-
-def _value(raw: dict, dotted: str) -> object:
-    for part in dotted.split("."):
-        raw = raw.get(part) if isinstance(raw, dict) else None
-    return raw
-
-
-def _environment_shapes(environment: dict) -> str:
-    """Observation and action shapes of an environment section ("observations (3,) and actions [3]"), or "" where it
-    cannot be built here."""
-    try:
-        from environments import create_env
-
-        env = create_env(environment)
-    except Exception:  # only for the message: the environment's own errors show when training starts
-        return ""
-    try:
-        return f"observations {shape_of(env.observation_space)} and actions {ActionSpec.of(env.action_space)}"
-    except (AttributeError, TypeError, ValueError):
-        return ""
-    finally:
-        env.close()
-
-
-def model_changes(checkpoint: dict, saved: dict, config: dict) -> list[str]:
-    """The config keys that differ between the checkpoint's and the new config, named with the first saved parameter
-    whose shape the new config changes (or that it adds or drops); empty where the saved parameters fit."""
-    from model import ActorCriticModel
-
-    model = ActorCriticModel(
-        validate_config(config), normalize_shape(checkpoint["observation_shape"]), saved_actions(checkpoint)
-    )
-    new = {name: tuple(value.shape) for name, value in model.state_dict().items()}
-    old = {name: tuple(value.shape) for name, value in checkpoint["model"].items()}
-    differ = [name for name in sorted(set(old) | set(new)) if old.get(name) != new.get(name)]
-    if not differ:
-        return []
-    name = differ[0]
-    shapes = ", ".join(f"{which} {shape}" for which, shape in (("saved", old.get(name)), ("new", new.get(name))) if shape)
-    flat_old, flat_new = flatten(saved), flatten(config)
-    keys = [
-        f"{key} {flat_old.get(key)!r} -> {flat_new.get(key)!r}"
-        for key in flat_new
-        if key != "updates" and flat_old.get(key) != flat_new.get(key)
-    ]
-    return [f"{', '.join(keys) or 'the config'} (parameter {name}: {shapes})"]
-
-
-def check_resume_shapes(checkpoint: dict, config: dict) -> None:
-    """Raise ValueError naming each STATE_KEYS or MEANING_KEYS key whose value in ``config`` (the resumed run's, as a
-    dict) differs from the checkpoint's, or else the keys whose change gives the model other parameter shapes: the saved
-    model, optimizer, memory or environment state would not fit."""
-    try:
-        saved = validate_config(with_saved_defaults(checkpoint["config"])).to_dict()  # keys added since, filled in
-    except ConfigError:
-        saved = checkpoint["config"]
-    changes = []
-    for key in STATE_KEYS + MEANING_KEYS:
-        old, new = _value(saved, key), _value(config, key)
-        if old == new:
-            continue
-        if key == "environment" and isinstance(old, dict) and isinstance(new, dict):
-            keys = ["type"] if old.get("type") != new.get("type") else sorted(set(old) | set(new), key=str)
-            differ = ", ".join(f"environment.{k} {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k))
-            saved_shapes = (
-                f"observations {normalize_shape(checkpoint['observation_shape'])} and actions {saved_actions(checkpoint)}"
-            )
-            new_shapes = _environment_shapes(new)
-            new_shapes = f", the new environment gives {new_shapes}" if new_shapes else ""
-            changes.append(f"{differ} (the checkpoint's model takes {saved_shapes}{new_shapes})")
-        else:
-            changes.append(f"{key} {old!r} -> {new!r}")
-    if not changes:
-        changes = model_changes(checkpoint, saved, config)
-    if changes:
-        raise ValueError(
-            f"the checkpoint cannot be resumed with {'; '.join(changes)}: "
-            f"{'this changes' if len(changes) == 1 else 'these change'} the shapes of the saved model or memory "
-            "(or the environment the saved episodes replay in). Resume without that --set, or start a new run "
-            "with --config and --run-id"
-        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -256,7 +158,7 @@ def train(argv: list[str] | None, ranks: Ranks) -> int:
             if checkpoint.get("kind") != "checkpoint":
                 raise ValueError(f"'{resume}' is a model file, not a checkpoint: use models/<run-id>/checkpoint.pt")
             config = validate_config(apply_overrides(resumable(checkpoint["config"]), overrides))
-            check_resume_shapes(checkpoint, config.to_dict())
+            check_resume(checkpoint, config.to_dict())
             run_id, seed = checkpoint["run_id"], checkpoint["seed"]
             memory_path = args["--memory-path"] or checkpoint.get("memory_path", "fast")
             source = f"checkpoint {resume} (update {checkpoint['update']})"

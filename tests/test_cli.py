@@ -383,6 +383,46 @@ def test_resume_refuses_changed_shapes(
     assert fake_trainer == [], "no worker may start"
 
 
+@pytest.fixture(scope="module")
+def normalized_run(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A folder with models/norm/checkpoint.pt of one tiny update with observation and reward normalisation on."""
+    folder = str(tmp_path_factory.mktemp("normalized"))
+    config = small_config(n_workers=2, worker_steps=16, updates=1, eval_interval=0, normalize_observations=True,
+                          normalize_rewards=True)  # fmt: skip
+    PPOTrainer(config, "norm", torch.device("cpu"), models_dir=os.path.join(folder, "models"), summaries_dir=folder).run()
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "override,change",
+    [
+        ("normalize_rewards=false", "normalize_rewards True -> False (the saved return statistics would be dropped)"),
+        ("normalize_observations=false", "normalize_observations True -> False (the saved observation statistics"),
+        ("normalize_clip=5", "normalize_clip 10.0 -> 5.0 (the saved statistics were applied clipped to 10.0)"),
+        ("gamma=0.5", "gamma 0.99 -> 0.5 (the saved reward scale is the spread of returns discounted with gamma 0.99)"),
+    ],
+)
+def test_resume_refuses_to_drop_or_invalidate_normalisation_statistics(
+    normalized_run: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, fake_trainer: list,
+    override: str, change: str,
+) -> None:  # fmt: skip
+    monkeypatch.chdir(normalized_run)
+    checkpoint = os.path.join("models", "norm", "checkpoint.pt")
+    assert train.main([f"--resume={checkpoint}", "--set=updates=2", f"--set={override}", "--cpu"]) == 2
+    error = capsys.readouterr().err
+    assert change in error and "train a new run" in error and "Traceback" not in error
+    assert fake_trainer == [], "no worker may start"
+
+
+@pytest.mark.slow
+def test_resume_without_normalisation_may_change_gamma_and_the_clip(run_folder: str, fake_trainer: list) -> None:
+    # Nothing saved depends on them there: the statistics rule is no blanket ban on these keys.
+    assert load_file(CHECKPOINT)["config"]["normalize_rewards"] is False
+    assert train.main([f"--resume={CHECKPOINT}", "--set=updates=2", "--set=gamma=0.5", "--set=normalize_clip=5", "--cpu"]) == 0
+    assert fake_trainer[0]["config"].gamma == 0.5
+
+
 @pytest.mark.slow
 def test_resume_with_other_worker_steps_trains(run_folder: str, capsys: pytest.CaptureFixture) -> None:
     """worker_steps only sizes the rollout buffer; the checkpoint carries the last memory_length steps of the trace."""
