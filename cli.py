@@ -1,5 +1,6 @@
 """Command-line helpers shared by train.py, enjoy.py and the lab's tools: argument parsing that names misspelt flags,
-paths of the files shipped with the repository, and whether a window can open.
+paths of the files shipped with the repository, whether a window can open, and the lock that keeps a second command
+off a run that one is training.
 
 The docopt usage text of each script stays the single source of its flags; ``parse_args`` reads them from it. A usage
 line says how the program is run: ``train.py [options]`` for a script, ``python -m lab.tune [options]`` for a tool of
@@ -9,11 +10,19 @@ the lab (a module of the package lab/, run from the repository root).
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import re
+import socket
 import sys
+import time
 
 from docopt import DocoptExit, docopt, printable_usage
+
+try:
+    import fcntl
+except ImportError:  # Windows has no flock: runs are not locked there
+    fcntl = None
 
 ROOT = os.path.dirname(os.path.abspath(__file__))  # the repository root, where configs/ and models/ live
 SHIPPED_FOLDERS = ("configs", "models")  # relative paths under these fall back to the repository root
@@ -141,3 +150,102 @@ def no_display_reason() -> str | None:
     if sys.platform.startswith("linux") and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
         return "neither DISPLAY nor WAYLAND_DISPLAY is set"
     return None
+
+
+class RunInUse(RuntimeError):
+    """A run's lock is held by a process that is still running (the message names it and what to do)."""
+
+
+class RunLock:
+    """The lock of a run id while one command trains it: ``<models_dir>/<run-id>.lock``, beside the run's model file,
+    held with ``flock`` and holding the holder's pid, host, start time and command line (JSON).
+
+    The kernel lets go of a flock when its process ends, however it ends, so the lock of a process that was killed
+    (SIGKILL, a crash) is free: the next run takes it over and says whose it was. ``release`` removes the file.
+    """
+
+    def __init__(self, models_dir: str, run_id: str, command: str) -> None:
+        self.run_id = run_id
+        self.path = os.path.join(models_dir, f"{run_id}.lock")
+        self.command = command
+        self._fd: int | None = None
+
+    def acquire(self) -> str | None:
+        """Take the lock; returns a note where it was taken over from a process that ended without releasing it.
+
+        Raises:
+            RunInUse: If a running process holds it.
+        """
+        if fcntl is None:
+            return None
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read_holder(fd)
+                os.close(fd)
+                raise RunInUse(self._in_use(holder)) from None
+            if _same_file(fd, self.path):
+                break
+            os.close(fd)  # its holder removed the file between our open and flock: lock the one at the path now
+        earlier = _read_holder(fd)
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+                  "command": self.command}  # fmt: skip
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(record).encode(), 0)
+        self._fd = fd
+        if not earlier:
+            return None
+        return (
+            f"note: took over the lock of run '{self.run_id}' ({self.path}) from {_describe(earlier)}, which ended "
+            "without releasing it"
+        )
+
+    def release(self) -> None:
+        """Remove the lock file and let go of the lock (nothing where it is not held)."""
+        if self._fd is None:
+            return
+        if _same_file(self._fd, self.path):
+            os.remove(self.path)  # before unlocking: whoever opens the path next makes a new file, not this one
+        fcntl.flock(self._fd, fcntl.LOCK_UN)  # also where forked environment workers still hold the descriptor
+        os.close(self._fd)
+        self._fd = None
+
+    def _in_use(self, holder: dict) -> str:
+        here = holder.get("host", socket.gethostname()) == socket.gethostname()
+        stop = f"stop it (kill {holder['pid']})" if here and "pid" in holder else "stop it"
+        if not here:
+            stop += f" (where that process is gone, remove {self.path})"
+        return (
+            f"run '{self.run_id}' is being trained by {_describe(holder)} (it holds {self.path}): wait for it to end, "
+            f"{stop}, or train under another --run-id; --overwrite and --resume do not take a run from a process "
+            "that is training it"
+        )
+
+
+def _read_holder(fd: int) -> dict:
+    """The holder record of a lock file ({} where it is empty or unreadable: being written, or written by none)."""
+    try:
+        record = json.loads(os.pread(fd, 1 << 16, 0).decode() or "{}")
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _same_file(fd: int, path: str) -> bool:
+    """Whether the open file ``fd`` is still the file at ``path``."""
+    try:
+        opened, current = os.fstat(fd), os.stat(path)
+        return (opened.st_dev, opened.st_ino) == (current.st_dev, current.st_ino)
+    except FileNotFoundError:
+        return False
+
+
+def _describe(holder: dict) -> str:
+    """The holder as "process 1234 on host h since 2026-01-01 10:00:00 (python train.py ...)" from a holder record."""
+    if "pid" not in holder:
+        return "another process (it has not written its details yet)"
+    host, since, command = (holder.get(key, "?") for key in ("host", "since", "command"))
+    return f"process {holder['pid']} on host {host} since {since} ({command})"

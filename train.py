@@ -9,11 +9,13 @@ Usage:
 Options:
   --config=<path>       YAML config (keys: docs/configuration.md); not with --resume (default: configs/poc_memory_env.yaml).
   --run-id=<id>         Name of the run: summaries go to summaries/<id>/<time>/, the model to models/<id>.nn, checkpoints
-                        to models/<id>/checkpoint.pt [default: run].
+                        to models/<id>/checkpoint.pt; while it trains, models/<id>.lock refuses every other train.py of
+                        this id (and names the process training it) [default: run].
   --resume=<path>       Continue the run saved in this checkpoint: its config, run id, seed and summaries (--set still
                         applies, e.g. --set updates=400 to train longer).
   --overwrite           Start a new run even where models/<id>.nn or models/<id>/checkpoint.pt exists, replacing them;
-                        without it train.py refuses to start over an earlier run's files.
+                        without it train.py refuses to start over an earlier run's files. Not over a run that is
+                        training (models/<id>.lock held).
   --cpu                 Use the CPU even where CUDA is available (CUDA is used where it is).
   --seed=<n>            Seed of the model, the action sampling, the minibatch order and the environments (episode k of
                         worker i is reset with a seed hashed from the seed, i and k) [default: 0].
@@ -29,8 +31,11 @@ Options:
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shlex
 import shutil
+import signal
 import sys
 import tempfile
 
@@ -38,7 +43,7 @@ import torch
 
 import distributed
 from checkpoint import check_resume, load_file
-from cli import ROOT, parse_args, shipped_path
+from cli import ROOT, RunInUse, RunLock, parse_args, shipped_path
 from config import (
     ConfigError,
     apply_overrides,
@@ -47,7 +52,7 @@ from config import (
     resumable,
     validate_config,
 )
-from distributed import SINGLE, Ranks
+from distributed import SINGLE, Ranks, all_gather
 from trainer import PPOTrainer, TrainingStopped, check_memory_path
 from worker import WorkerError, usable_cores
 
@@ -98,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     ends the process with the exit code (``distributed.leave``) instead of returning.
     """
     if not distributed.launched():
-        return train(argv, SINGLE)
+        with contextlib.ExitStack() as held:
+            return train(argv, SINGLE, held)
     args = parse_args(__doc__, argv)
     device_type = "cuda" if torch.cuda.is_available() and not args["--cpu"] else "cpu"
     try:
@@ -109,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not ranks.main:
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - rank 0 reports progress; errors still reach stderr
-        code = train(argv, ranks)
+        with contextlib.ExitStack() as held:
+            code = train(argv, ranks, held)
     finally:
         distributed.stop()
     distributed.leave(code)  # everything is saved and closed: skip the shutdown that sometimes aborts (see leave)
@@ -124,8 +131,34 @@ def default_threads() -> int:
     return max(1, min(torch.get_num_threads(), usable_cores() - busy))
 
 
-def train(argv: list[str] | None, ranks: Ranks) -> int:
-    """train.py's work in this process, one of ``ranks``; returns the exit code."""
+def hold_run(run_id: str, argv: list[str] | None, ranks: Ranks, held: contextlib.ExitStack) -> None:
+    """Lock ``run_id`` for this command (``cli.RunLock``, held by rank 0 for every rank) until ``held`` closes, and
+    meanwhile take SIGTERM as Ctrl-C, so that every way out of train.py releases the lock.
+
+    Raises:
+        RunInUse: On every rank, where another process is training the run.
+    """
+    refusal = None
+    if ranks.main:
+        lock = RunLock(MODELS_DIR, run_id, shlex.join(["python", "train.py", *(sys.argv[1:] if argv is None else argv)]))
+        try:
+            note = lock.acquire()
+        except RunInUse as error:
+            refusal = str(error)
+        else:
+            held.callback(lock.release)
+            if note:
+                print(note, flush=True)
+    if ranks.distributed:  # the other ranks learn rank 0's answer, or they would go on and wait for it
+        refusal = all_gather(refusal, ranks)[0]
+    if refusal is not None:
+        raise RunInUse(refusal)
+    held.callback(signal.signal, signal.SIGTERM, signal.signal(signal.SIGTERM, signal.default_int_handler))
+
+
+def train(argv: list[str] | None, ranks: Ranks, held: contextlib.ExitStack) -> int:
+    """train.py's work in this process, one of ``ranks``; returns the exit code. What it holds until the end (the
+    run's lock) goes on ``held``, which the caller closes on every way out."""
     args = parse_args(__doc__, argv)
     try:
         seed = int(args["--seed"])
@@ -174,6 +207,7 @@ def train(argv: list[str] | None, ranks: Ranks) -> int:
                 f"To train longer: python train.py --resume={resume} --set updates=N (N > {checkpoint['update']})"
             )
             return 0
+        hold_run(run_id, argv, ranks, held)
         if checkpoint is None and not args["--overwrite"]:
             check_new_run(run_id)
         for folder in (MODELS_DIR, SUMMARIES_DIR):
@@ -181,7 +215,7 @@ def train(argv: list[str] | None, ranks: Ranks) -> int:
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
         return 2
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, RunInUse) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if torch.cuda.is_available() and not args["--cpu"]:
@@ -198,6 +232,9 @@ def train(argv: list[str] | None, ranks: Ranks) -> int:
     except WorkerError as error:
         print(f"error: the environment failed to start: {error}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("interrupted while training was starting", file=sys.stderr)
+        return 130
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

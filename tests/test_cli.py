@@ -47,6 +47,9 @@ class FakeTrainer:
     def run(self) -> dict:
         return {}
 
+    def train_update(self) -> dict:
+        return {}
+
 
 @pytest.fixture
 def fake_trainer(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
@@ -113,6 +116,80 @@ def test_overwrite_starts_the_run_over(tmp_path: str, monkeypatch: pytest.Monkey
     open(os.path.join("models", "old.nn"), "w").close()
     assert train.main([f"--config={poc_config(tmp_path)}", "--run-id=old", "--overwrite", *TINY]) == 0
     assert len(fake_trainer) == 1 and fake_trainer[0]["run_id"] == "old"
+
+
+# A run that one train.py trains is locked (models/<id>.lock): no second one writes over it.
+
+HOLDER = (
+    "import sys, time; sys.path.insert(0, {root!r}); from cli import RunLock; "
+    "RunLock('models', 'busy', 'python train.py --run-id=busy').acquire(); print('locked', flush=True); time.sleep(120)"
+)
+
+
+def lock_holder(folder: str) -> subprocess.Popen:
+    """A process in ``folder`` that holds the lock of run 'busy' (as a train.py of it would) until it is killed."""
+    process = subprocess.Popen([sys.executable, "-c", HOLDER.format(root=ROOT)], cwd=folder, stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "locked"
+    return process
+
+
+def test_a_run_in_training_refuses_a_second_run_even_with_overwrite(
+    tmp_path: str, monkeypatch: pytest.MonkeyPatch, fake_trainer: list, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    holder = lock_holder(tmp_path)
+    try:
+        assert train.main([f"--config={poc_config(tmp_path)}", "--run-id=busy", "--overwrite", *TINY]) == 2
+        error = capsys.readouterr().err
+        assert f"run 'busy' is being trained by process {holder.pid} on host" in error
+        assert "(python train.py --run-id=busy)" in error and f"kill {holder.pid}" in error and "--run-id" in error
+        assert fake_trainer == [], "training must not start"
+        assert not os.path.exists("summaries"), "nothing may be written"
+        assert os.path.isfile(os.path.join("models", "busy.lock")), "the holder's lock stays"
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_the_lock_of_a_killed_run_is_taken_over_with_a_note(
+    tmp_path: str, monkeypatch: pytest.MonkeyPatch, fake_trainer: list, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    holder = lock_holder(tmp_path)
+    holder.kill()  # SIGKILL: no chance to remove its lock file
+    holder.wait()
+    assert os.path.isfile(os.path.join("models", "busy.lock"))
+    assert train.main([f"--config={poc_config(tmp_path)}", "--run-id=busy", *TINY]) == 0
+    out = capsys.readouterr().out
+    assert f"took over the lock of run 'busy' (models/busy.lock) from process {holder.pid} on host" in out
+    assert len(fake_trainer) == 1
+
+
+@pytest.mark.parametrize("ending", ["end", "error"])
+def test_the_lock_is_held_while_training_and_gone_after(
+    tmp_path: str, monkeypatch: pytest.MonkeyPatch, fake_trainer: list, ending: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    lock = os.path.join("models", "held.lock")
+    seen = []
+
+    def run(self: FakeTrainer) -> dict:
+        with pytest.raises(cli.RunInUse, match=f"process {os.getpid()} "):
+            cli.RunLock("models", "held", "a second command").acquire()
+        seen.append(os.path.isfile(lock))
+        if ending == "error" and len(seen) == 1:
+            raise RuntimeError("a bug in training")
+        return {}
+
+    monkeypatch.setattr(FakeTrainer, "run", run)
+    argv = [f"--config={poc_config(tmp_path)}", "--run-id=held", *TINY]
+    if ending == "error":
+        with pytest.raises(RuntimeError, match="a bug in training"):
+            train.main(argv)
+    else:
+        assert train.main(argv) == 0
+    assert seen == [True] and not os.path.exists(lock)
+    assert train.main([*argv, "--overwrite"]) == 0 and seen == [True, True], "a new command gets the lock"
 
 
 # 2. Misspelt flags are named, with the closest real one.
