@@ -41,6 +41,19 @@ def channels_last_levels(levels: torch.Tensor) -> torch.Tensor:
     return levels.movedim(-3, -1).contiguous().movedim(-1, -3)
 
 
+def check_batch_shape(obs: np.ndarray | torch.Tensor, observation_shape: tuple[int, ...]) -> None:
+    """Raises ValueError unless observations (..., *observation_shape) end in the shape the encoder was built for: a
+    batch of another width would otherwise pass ``prepare`` and fail later as a bare shape error inside the model, or
+    not at all where a reshape happens to fit."""
+    shape = tuple(obs.shape)
+    if len(shape) < len(observation_shape) or shape[len(shape) - len(observation_shape) :] != observation_shape:
+        raise ValueError(
+            f"observations of shape {shape} do not fit the model, which was built for observations of shape "
+            f"{observation_shape} (batches (..., {', '.join(map(str, observation_shape))})); use the environment and "
+            "config the model was trained with"
+        )
+
+
 def dequantize_images(obs: torch.Tensor) -> torch.Tensor:
     """uint8 levels back to float32 in [0, 1]; float input is returned as it is."""
     return obs.float() / 255 if obs.dtype == torch.uint8 else obs
@@ -145,6 +158,7 @@ class ImageEncoder(nn.Module):
         """Environment images (..., C, H, W) in [0, 1] as uint8 levels on the model's device, laid out channels-last
         (``channels_last_levels``): quantised on the host, so that a GPU receives a quarter of the bytes float32 would
         take."""
+        check_batch_shape(obs, self.observation_shape)
         levels = channels_last_levels(quantize_images(torch.as_tensor(obs, dtype=torch.float32)))
         return levels.to(self.conv[0].weight.device, non_blocking=True)
 
@@ -184,6 +198,7 @@ class VectorEncoder(nn.Module):
 
     def prepare(self, obs: np.ndarray) -> torch.Tensor:
         """Environment vectors (..., F) as float32 on the model's device."""
+        check_batch_shape(obs, self.observation_shape)
         return torch.as_tensor(obs, dtype=torch.float32, device=self._device.device)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
@@ -212,7 +227,16 @@ class DictEncoder(nn.Module):
         missing = [key for key in self.keys if key not in obs]
         if missing:
             raise ValueError(f"the observation lacks the key(s) {missing}; the model was built for {self.keys}")
-        return {key: self.parts[key].prepare(obs[key]) for key in self.keys}
+        extra = sorted(set(obs) - set(self.keys))
+        if extra:  # refused rather than dropped: a part of the observation the model would never see
+            raise ValueError(f"the observation has the key(s) {extra}, which the model was not built for ({self.keys})")
+        prepared = {}
+        for key in self.keys:
+            try:
+                prepared[key] = self.parts[key].prepare(obs[key])
+            except ValueError as error:
+                raise ValueError(f"key {key!r}: {error}") from None
+        return prepared
 
     def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         """{key: (B, Q, *shape)} -> (B, Q, D)."""

@@ -12,6 +12,11 @@ further ``reset()``) with ``reset(seed=episode_seed(seed, i, k))``. The group do
 its recorder (see ``Recorder``) for each environment's next episode number and tells it every episode start and every
 action, so that the recorder holds all that restoring an environment needs (see environments/replay.py) while this module stays
 free of the state format.
+
+Every observation an environment hands over is checked against its declared observation space (``observations.check``)
+here, in whichever process steps the group, so that one that does not fit stops the run with an
+``observations.ObservationError`` naming the environment, its episode and step, instead of being quantised, cut or
+mixed up silently, or failing later as a bare shape error in the model.
 """
 
 import traceback
@@ -22,7 +27,8 @@ import gymnasium
 import numpy as np
 
 import observations
-from environments import create_env
+from environments import create_env, environment_id
+from observations import ObservationError
 
 
 class StepResult(NamedTuple):
@@ -169,18 +175,26 @@ class EnvGroup:
         self.recorder = recorder
         self._seed = seed
         self._evaluation = evaluation
+        self._name = environment_id(env_config)
         self.envs: list[gymnasium.Env] = []
         for index in indices:
             self.envs.append(self._call(index, "construction", create_env, env_config, evaluation=evaluation))
         self.agents = lanes_of(self.envs[0])
         self._action_space = self.envs[0].action_space
         self._box = isinstance(self._action_space, gymnasium.spaces.Box)
+        self._expected = observations.leaves(self.envs[0].observation_space)
+        # Each environment's running episode and step, for the message of an observation that does not fit.
+        self._episodes = [0] * len(indices)
+        self._steps = [0] * len(indices)
 
     @staticmethod
     def _call(index: int, what: str, function: Callable[..., object], *args: object, **kwargs: object) -> object:
-        """Calls function and turns any exception into a WorkerError that names the environment and holds the traceback."""
+        """Calls function and turns any exception but an ObservationError, whose message is complete without a traceback,
+        into a WorkerError that names the environment and holds the traceback."""
         try:
             return function(*args, **kwargs)
+        except ObservationError:
+            raise
         except Exception:
             raise WorkerError(f"environment {index} failed during {what}:\n{traceback.format_exc()}") from None
 
@@ -194,12 +208,43 @@ class EnvGroup:
 
         Returns:
             The first observation (*obs_shape) of each of its K lanes.
+
+        Raises:
+            ObservationError: If one does not fit the environment's observation space.
         """
         index = self.indices[j]
         self.recorder.start(j, episode)
+        self._episodes[j], self._steps[j] = episode, 0
         # No options: each environment keeps its own reset parameters, see MemoryGymEnv.
         seed = episode_seed(self._seed, index, episode, self._evaluation)
-        return self._call(index, "reset", reset_lanes, self.envs[j], seed)
+        try:
+            obs = self._call(index, "reset", reset_lanes, self.envs[j], seed)
+            self._check(obs)
+        except ObservationError as error:
+            raise self._located(j, "reset", error) from None
+        return obs
+
+    def _check(self, obs: list) -> None:
+        """Checks the observations of an environment's K lanes against its declared observation space.
+
+        Raises:
+            ObservationError: For the first that does not fit, naming its lane where there are several.
+        """
+        for lane, ob in enumerate(obs):
+            try:
+                observations.check(ob, self._expected)
+            except ObservationError as error:
+                if self.agents == 1:
+                    raise
+                raise ObservationError(f"lane {lane}: {error}") from None
+
+    def _located(self, j: int, what: str, error: ObservationError) -> ObservationError:
+        """The error of an observation of the group's j-th environment, with the environment and its episode and step
+        put in front of the message."""
+        step = f"step {self._steps[j]}" if self._steps[j] else "the reset"
+        during = " (replaying a checkpoint's episode)" if what == "replay" else ""
+        where = f"environment {self.indices[j]} ({self._name}) at {step} of episode {self._episodes[j]}{during}"
+        return ObservationError(f"{where}: {error}")
 
     def step_env(
         self, j: int, action: list[int] | list[float], what: str
@@ -216,11 +261,19 @@ class EnvGroup:
         Returns:
             See ``step_lanes``: K observations, K rewards, K terminated and K truncated flags and the ended episodes'
             dicts.
+
+        Raises:
+            ObservationError: If an observation does not fit the environment's observation space.
         """
         width = len(action) // self.agents
         lanes = [action[k * width : (k + 1) * width] for k in range(self.agents)]
+        self._steps[j] += 1
         # Replayed actions reach the environment as the same types as the original ones (to_env_action).
-        result = self._call(self.indices[j], what, step_lanes, self.envs[j], lanes)
+        try:
+            result = self._call(self.indices[j], what, step_lanes, self.envs[j], lanes)
+            self._check(result[0])
+        except ObservationError as error:
+            raise self._located(j, what, error) from None
         self.recorder.record(j, action)
         return result
 

@@ -11,6 +11,8 @@ of environment i is reset with ``episode_seed(seed, i, k)``). What ``Workers.sta
 With ``n_processes >= 1`` the environments are split into contiguous groups, one subprocess each. A child sends back
 either its results or the traceback of the exception it hit; the parent polls each pipe with a timeout and checks that
 the child is alive, so a crashed child is reported within a fraction of a second instead of hanging the training run.
+An observation that does not fit its space (``observations.ObservationError``, whose message is complete) is raised
+in the parent as that same error with that same message, not as a WorkerError, wherever the environments run.
 Every group keeps its episode recorder in the process that steps it, and ``state()`` joins the groups' entries in
 environment order, so a state taken with one number of processes restores with any other.
 """
@@ -31,9 +33,10 @@ from env_group import EnvGroup, StepResult, WorkerError, episode_seed, is_int
 from environments import agents_per_env, validate_env_config
 from environments.action_spec import ActionSpec
 from environments.replay import EpisodeRecorder, check_states, restore
+from observations import ObservationError
 
-# Re-exported: callers (trainer.py, evaluation.py, ...) import all four from here, as before the split into modules.
-__all__ = ["StepResult", "WorkerError", "Workers", "episode_seed"]
+# Re-exported: callers (trainer.py, evaluation.py, ...) import these from here, as before the split into modules.
+__all__ = ["ObservationError", "StepResult", "WorkerError", "Workers", "episode_seed"]
 
 _POLL_S = 0.2  # how often the parent checks whether a silent child is still alive
 _JOIN_S = 2.0  # grace period for children to exit on "close" before they are terminated
@@ -129,6 +132,8 @@ def _child_main(
             conn.send(("ok", local.handle(command, data)))
     except EOFError:
         pass  # the parent is gone; nobody is left to report to
+    except ObservationError as error:
+        conn.send(("observation", str(error)))  # raised again as an ObservationError in the parent
     except WorkerError as error:
         conn.send(("error", str(error)))  # already names the environment and holds its traceback
     except Exception:
@@ -226,6 +231,7 @@ class _Children:
 
         Raises:
             WorkerError: With the environment's traceback if the child reported an exception, or if the child died.
+            ObservationError: If an observation of the child's environments did not fit their space.
         """
         conn, process = self._connections[k], self._processes[k]
         while not conn.poll(_POLL_S):
@@ -237,6 +243,8 @@ class _Children:
             raise self._died(k) from None
         if status == "error":
             raise WorkerError(payload)
+        if status == "observation":
+            raise ObservationError(payload)
         return payload
 
     def exchange(self, messages: list[tuple[str, object]] | None) -> list:
@@ -250,6 +258,7 @@ class _Children:
 
         Raises:
             WorkerError: If a child reported an exception or died; the children are left to the caller to stop.
+            ObservationError: If an observation did not fit its space; the children are left to the caller to stop.
         """
         for k, message in enumerate(messages or []):
             try:
@@ -382,7 +391,7 @@ class Workers:
         """
         try:
             return self._transport.exchange([(command, item) for item in data])
-        except WorkerError:
+        except (WorkerError, ObservationError):
             self.close()
             raise
 
@@ -397,6 +406,9 @@ class Workers:
 
         Returns:
             First observations (N, *obs_shape) float32.
+
+        Raises:
+            ObservationError: If an observation does not fit the environment's space; the workers are closed then.
         """
         obs = observations.concatenate(self._dispatch("reset", [None] * len(self._transport.splits)))
         self._started = True
@@ -414,6 +426,7 @@ class Workers:
 
         Raises:
             RuntimeError: Before the first reset() or restore().
+            ObservationError: If an observation does not fit the environment's space; the workers are closed then.
         """
         if not self._started:
             raise RuntimeError("step() was called before any episode started; call reset() or restore() first")

@@ -37,6 +37,8 @@ FAMILIES: dict[str, EnvFamily] = {
     family.name: family for family in (importlib.import_module(module).FAMILY for module in _FAMILY_MODULES)
 }
 ENV_TYPES = tuple(FAMILIES)
+# The key that names the task within a family, where it has one: the environment's id in error messages.
+_ID_KEYS = ("id", "entry_point", "name", "game")
 
 __all__ = [
     "ENV_TYPES",
@@ -46,6 +48,7 @@ __all__ = [
     "Key",
     "agents_per_env",
     "create_env",
+    "environment_id",
     "episode_limit",
     "validate_env_config",
 ]
@@ -112,6 +115,13 @@ def episode_limit(env_config: dict) -> int:
         reset parameters; a Gymnasium id whose spec has no limit and no ``max_episode_steps`` is configured).
     """
     return _family(env_config).episode_limit(env_config)
+
+
+def environment_id(env_config: dict) -> str:
+    """How error messages name the environment of a validated ``environment:`` section: its type and, where the family
+    has one, the key that names the task, e.g. "Gymnasium 'CartPole-v1'" or "PocMemoryEnv"."""
+    key = next((key for key in _ID_KEYS if key in env_config), None)
+    return env_config["type"] if key is None else f"{env_config['type']} {env_config[key]!r}"
 
 
 def agents_per_env(env_config: dict) -> int:

@@ -11,12 +11,17 @@ Config::
 
 Observations become what the models take: a uint8 Box image (H, W, C) or (C, H, W) with C in 1..4 becomes (C, H, W)
 float32 in [0, 1] (a (H, W) image becomes (1, H, W)); a 1-D Box vector of any dtype becomes float32 unchanged; a
-Discrete or 1-D MultiDiscrete observation becomes a one-hot float32 vector (one block per entry); a Dict of these
+Discrete or 1-D MultiDiscrete observation becomes a one-hot float32 vector (one block per entry, its first entry for
+the code ``start``); a Dict of these
 (not nested) becomes a dict of them, each key encoded by its own encoder, and so does a Tuple of these, its parts
 keyed "0", "1", ... (zero-padded: "00" to "11" for 12 parts).
 Actions must be Discrete or (1-D) MultiDiscrete, where a nonzero ``start`` is shifted to 0, or a 1-D Box with finite
 bounds (continuous actions; the workers clip them to the bounds). Time limits come from
 gymnasium's TimeLimit wrapper and stay truncations; a step that is both terminated and truncated counts as terminated.
+
+Every observation is checked against the environment's declared space before it is converted (``check_raw``): its
+shape and dtype kind, the keys of a Dict and the parts of a Tuple, the codes of a Discrete or MultiDiscrete and the
+levels of an image; one that does not fit raises ``observations.ObservationError``.
 
 Checking a config builds the environment once (cached per id and kwargs) to read its spaces, so that an unknown id,
 a module that fails to import or spaces the models cannot take stop training before any worker starts.
@@ -31,6 +36,7 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
+import observations
 from environments.action_spec import ActionSpec
 from environments.registry import REQUIRED, EnvFamily, Key, import_failure, invalid
 
@@ -134,8 +140,8 @@ def _probe(env_id: str, kwargs: dict) -> _Probe:
 
 
 def _layout(space: spaces.Space) -> str | tuple | dict | None:
-    """How to turn an observation of the space into the models' input: "vector", "hwc", "chw", "hw", ("onehot", counts)
-    or a dict of these for a Dict space; None if unsupported (also when any key of a Dict is).
+    """How to turn an observation of the space into the models' input: "vector", "hwc", "chw", "hw", ("onehot", counts,
+    starts) or a dict of these for a Dict space; None if unsupported (also when any key of a Dict is).
 
     A uint8 (H, W, C) whose first and last sides both fit a channel count is taken as gymnasium's usual HWC.
     """
@@ -147,9 +153,9 @@ def _layout(space: spaces.Space) -> str | tuple | dict | None:
             return None  # an unsupported part, or a nested Dict or Tuple
         return layouts
     if isinstance(space, spaces.Discrete):
-        return ("onehot", (int(space.n),))
+        return ("onehot", (int(space.n),), (int(space.start),))
     if isinstance(space, spaces.MultiDiscrete) and space.nvec.ndim == 1:
-        return ("onehot", tuple(int(n) for n in space.nvec))
+        return ("onehot", tuple(int(n) for n in space.nvec), tuple(int(start) for start in space.start))
     if not isinstance(space, spaces.Box):
         return None
     shape = space.shape
@@ -192,11 +198,17 @@ def _converted_space(space: spaces.Space, layout: str | tuple | dict) -> spaces.
     return spaces.Box(low=0.0, high=1.0, shape=shape, dtype=np.float32)
 
 
-def one_hot_blocks(codes: object, counts: tuple[int, ...]) -> np.ndarray:
+def one_hot_blocks(codes: object, counts: tuple[int, ...], starts: tuple[int, ...] | None = None) -> np.ndarray:
     """Integer codes, one per entry (any shape, read in row-major order), as one-hot blocks of ``counts[i]`` entries
-    each, concatenated into one float32 vector of sum(counts) entries (also MiniGrid's symbolic view's encoding)."""
+    each, concatenated into one float32 vector of sum(counts) entries (also MiniGrid's symbolic view's encoding).
+
+    Entry i's codes run from ``starts[i]`` (0 where starts is None) to starts[i] + counts[i] - 1, as a gymnasium
+    Discrete's or MultiDiscrete's ``start``: code starts[i] lights the first entry of block i. The codes must lie in
+    that range (``check_raw``); one outside would light an entry of a neighbouring block.
+    """
     out = np.zeros(sum(counts), dtype=np.float32)
-    out[np.cumsum((0,) + counts[:-1]) + np.asarray(codes, dtype=np.int64).reshape(-1)] = 1.0
+    offsets = np.asarray(codes, dtype=np.int64).reshape(-1) - np.asarray(starts or 0, dtype=np.int64)
+    out[np.cumsum((0,) + counts[:-1]) + offsets] = 1.0
     return out
 
 
@@ -205,7 +217,7 @@ def _convert(obs: object, layout: str | tuple | dict) -> np.ndarray | dict:
     if isinstance(layout, dict):
         return {key: _convert(_part(obs, key), layout[key]) for key in sorted(layout)}
     if isinstance(layout, tuple):
-        return one_hot_blocks(obs, layout[1])
+        return one_hot_blocks(obs, layout[1], layout[2])
     obs = np.asarray(obs)
     if layout == "vector":
         return obs.astype(np.float32)
@@ -214,6 +226,43 @@ def _convert(obs: object, layout: str | tuple | dict) -> np.ndarray | dict:
     elif layout == "hw":
         obs = obs[None]
     return np.ascontiguousarray(obs, dtype=np.float32) / 255.0
+
+
+def raw_leaves(space: spaces.Space, layout: str | tuple | dict) -> dict[str | None, observations.Leaf]:
+    """What each array of an environment's observation must be before conversion (see ``observations.check``): a
+    vector's shape and dtype kind; an image's shape, an integer dtype and levels within its Box's bounds; a Discrete's
+    or MultiDiscrete's shape, an integer dtype and codes from its start to start + n - 1. Keyed as ``_parts`` keys a
+    Dict's or Tuple's parts, or {None: leaf}."""
+    if isinstance(layout, dict):
+        return {key: raw_leaves(_part(space, key), layout[key])[None] for key in sorted(layout)}
+    if isinstance(layout, tuple):  # codes of a Discrete or MultiDiscrete
+        start = np.asarray(space.start, dtype=np.int64)
+        last = start + np.asarray(space.n if isinstance(space, spaces.Discrete) else space.nvec, dtype=np.int64) - 1
+        hint = f"its codes run from {start.tolist()} to {last.tolist()} (start to start + n - 1)"
+        return {None: observations.Leaf(tuple(space.shape), "int64", start, last, str(space), hint)}
+    if layout == "vector":
+        return {None: observations.Leaf(tuple(space.shape), space.dtype.name, None, None, str(space))}
+    low, high = float(space.low.min()), float(space.high.max())  # an image's levels
+    return {None: observations.Leaf(tuple(space.shape), "uint8", low, high, str(space), "images are uint8 levels")}
+
+
+def check_raw(obs: object, space: spaces.Space, expected: dict[str | None, observations.Leaf]) -> None:
+    """Checks an environment's observation against its declared space (``raw_leaves``) before it is converted, where
+    a wrong part would otherwise be cut, padded or encoded into a neighbouring block, or fail as a bare numpy error.
+
+    Raises:
+        observations.ObservationError: Naming the key (a Tuple's part by its position), the declared and the actual
+            shape and dtype (or values), and the fix.
+    """
+    if isinstance(space, spaces.Tuple):
+        if not isinstance(obs, tuple | list) or len(obs) != len(space.spaces):
+            found = f"a {type(obs).__name__}" + (f" of {len(obs)} parts" if isinstance(obs, tuple | list) else "")
+            raise observations.ObservationError(
+                f"the observation is {found}, but its space {space} declares a tuple of {len(space.spaces)} parts; "
+                f"{observations.FIX}"
+            )
+        obs = {key: obs[int(key)] for key in expected}
+    observations.check(obs, expected)
 
 
 def model_action_space(space: spaces.Space) -> spaces.Space:
@@ -281,6 +330,7 @@ class GymnasiumEnv(gymnasium.Wrapper):
 
         inner = self.env.observation_space
         self._layout = _layout(inner)
+        self._raw_leaves = raw_leaves(inner, self._layout)
         self.observation_space = _converted_space(inner, self._layout)
         self.action_space = model_action_space(self.env.action_space)
         self._episode_info = tuple(episode_info)
@@ -332,7 +382,12 @@ class GymnasiumEnv(gymnasium.Wrapper):
 
     def _observe(self, obs: object) -> np.ndarray | dict:
         """The environment's observation as the models take it: a float32 vector, a (C, H, W) float32 image in
-        [0, 1], or a dict of them."""
+        [0, 1], or a dict of them.
+
+        Raises:
+            observations.ObservationError: If the observation does not fit the environment's declared space.
+        """
+        check_raw(obs, self.env.observation_space, self._raw_leaves)
         return _convert(obs, self._layout)
 
 

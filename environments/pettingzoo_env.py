@@ -13,7 +13,7 @@ One policy (one set of weights) acts for every agent, and each agent keeps its o
 agents fills K consecutive worker lanes, so ``n_workers`` must be a multiple of K and the trainer steps n_workers / K
 environments (env_group.py). Every agent must see the same observation space and act in the same action space (those
 of the Gymnasium family: images, vectors, one-hot, dicts of them; Discrete, MultiDiscrete, finite Box); observations
-and actions are converted as there.
+are checked against that space and converted, and actions converted, as there.
 
 The agent count is fixed: every agent of ``possible_agents`` is in every step of every episode, and all agents end
 their episode at the same step (all terminated or truncated). An environment whose agents leave or join during an
@@ -49,10 +49,13 @@ from environments.gymnasium_env import (
     _number,
     check_episode_info,
     check_kwargs,
+    check_raw,
     inner_action,
     model_action_space,
+    raw_leaves,
 )
 from environments.registry import REQUIRED, EnvFamily, Key, import_failure, invalid
+from observations import ObservationError
 
 _RESERVED_KWARGS = {"render_mode": "it is set by the caller of create_env (train.py, enjoy.py)"}
 
@@ -201,7 +204,9 @@ class ParallelAgents:
         self.render_mode = render_mode
         self.metadata = dict(getattr(self.env, "metadata", None) or {})
         self._name = entry_point
+        self._inner_observations = probe.observation_space
         self._layout = _layout(probe.observation_space)
+        self._raw_leaves = raw_leaves(probe.observation_space, self._layout)
         self.observation_space = _converted_space(probe.observation_space, self._layout)
         self._inner_actions = probe.action_space
         self.action_space = model_action_space(probe.action_space)
@@ -222,7 +227,7 @@ class ParallelAgents:
         self._check_agents(obs, "reset")
         self._returns[:] = 0.0
         self._length = 0
-        return [_convert(obs[agent], self._layout) for agent in self.agents], infos
+        return self._observe(obs), infos
 
     def step(self, actions: list) -> tuple[list, list[float], list[bool], list[bool], dict]:
         """Steps every agent.
@@ -258,7 +263,23 @@ class ParallelAgents:
         info = {"agents": infos}
         if over:
             info["episodes"] = self._episodes(infos)
-        return [_convert(obs[agent], self._layout) for agent in self.agents], step_rewards, terminated, truncated, info
+        return self._observe(obs), step_rewards, terminated, truncated, info
+
+    def _observe(self, obs: dict) -> list:
+        """The agents' observations in lane order, each checked against the agents' space and converted as in the
+        Gymnasium family.
+
+        Raises:
+            ObservationError: Naming the agent whose observation does not fit the space.
+        """
+        converted = []
+        for agent in self.agents:
+            try:
+                check_raw(obs[agent], self._inner_observations, self._raw_leaves)
+            except ObservationError as error:
+                raise ObservationError(f"agent {agent!r}: {error}") from None
+            converted.append(_convert(obs[agent], self._layout))
+        return converted
 
     def _episodes(self, infos: dict) -> list[dict[str, float]]:
         """One dict per agent for the episode that just ended, see the module docstring."""

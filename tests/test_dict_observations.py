@@ -17,7 +17,7 @@ from conftest import (
 )
 
 import observations
-from encoders import DictEncoder
+from encoders import DictEncoder, make_encoder
 from environments.gymnasium_env import _layout
 from model import ActorCriticModel
 from trainer import PPOTrainer
@@ -53,6 +53,21 @@ def test_dict_encoder_concatenates_the_keys_and_keeps_images_as_uint8() -> None:
     assert raw.output_dim == 64 * 6 * 6 + 4  # 12x12 images: padded 3x3 convolutions, one of stride 2
     with pytest.raises(ValueError, match=r"lacks the key\(s\) \['vector'\]"):
         encoder.prepare({"image": np.zeros((1, 3, 12, 12))})
+
+
+def test_prepare_refuses_observations_the_model_was_not_built_for() -> None:
+    with pytest.raises(
+        ValueError, match=r"observations of shape \(2, 5\) do not fit the model, which was built for .* \(3,\)"
+    ):
+        make_encoder((3,), 8).prepare(np.zeros((2, 5), dtype=np.float32))  # not a bare shape error inside the model
+    with pytest.raises(ValueError, match=r"shape \(2, 3, 12, 11\) do not fit .* \(3, 12, 12\)"):
+        make_encoder((3, 12, 12), 8).prepare(np.zeros((2, 3, 12, 11), dtype=np.float32))
+    encoder = DictEncoder(SHAPES, 16)
+    image = np.zeros((1, 3, 12, 12), dtype=np.float32)
+    with pytest.raises(ValueError, match=r"key 'vector': observations of shape \(1, 5\) do not fit"):
+        encoder.prepare({"image": image, "vector": np.zeros((1, 5))})
+    with pytest.raises(ValueError, match=r"the key\(s\) \['extra'\], which the model was not built for"):
+        encoder.prepare({"image": image, "vector": np.zeros((1, 4)), "extra": np.zeros((1, 4))})
 
 
 def test_unsupported_dict_spaces_are_refused() -> None:

@@ -13,6 +13,7 @@ import pytest  # noqa: E402
 from gymnasium.utils.env_checker import check_env  # noqa: E402
 
 from environments import ENV_TYPES, FAMILIES, REQUIRED, EnvFamily, Key, create_env, episode_limit, validate_env_config  # noqa: E402
+from observations import ObservationError  # noqa: E402
 
 MEMORY_GYM_COMMANDS_2 = {"type": "MemoryGym", "name": "MortarMayhem-Grid-v0", "reset_params": {"command_count": [2]}}
 
@@ -379,6 +380,15 @@ def test_create_env_rejects_unknown_type_and_render_mode() -> None:
         create_env({"type": "Unknown"})
     with pytest.raises(ValueError, match="render_mode"):
         create_env({"type": "PocMemoryEnv"}, render_mode="ascii")
+
+
+def test_a_parallel_environments_observations_are_checked_per_agent() -> None:
+    env = create_env({"type": "PettingZoo", "entry_point": "toy_env:ToyScriptedAgents", "kwargs": {"case": "short_vector"}})
+    env.reset(seed=0)
+    env.step([0, 0])
+    with pytest.raises(ObservationError, match=r"^agent 'second': the observation has shape \(2,\) and dtype float32"):
+        env.step([0, 0])
+    env.close()
 
 
 def memory_gym_episodes(env: gymnasium.Env, n_episodes: int, plain_resets: bool) -> list[tuple[int, dict, int]]:

@@ -14,6 +14,7 @@ from conftest import small_config
 
 from config import ConfigError
 from environments import create_env, episode_limit, gymnasium_env, validate_env_config
+from observations import ObservationError
 
 TOY = {"type": "Gymnasium", "id": "toy_env:ToyCue-v0"}
 TOY_IMAGE = {"type": "Gymnasium", "id": "toy_env:ToyCueImage-v0"}
@@ -294,3 +295,55 @@ def test_dict_observations_become_dicts_of_images_and_one_hot_vectors() -> None:
     np.testing.assert_array_equal(obs["cue"], [1, 0, 0])  # not shown any more
     np.testing.assert_array_equal(obs["step"], [0, 1, 0, 0, 0, 0, 1])
     assert env.observation_space.contains(obs)
+
+
+SCRIPTED = {"type": "Gymnasium", "id": "toy_env:ToyScripted-v0"}
+
+
+def scripted_observations(case: str) -> list:
+    """The observations of one episode of ToyScripted-v0's case through the Gymnasium type, the reset's first."""
+    env = create_env({**SCRIPTED, "kwargs": {"case": case}})
+    obs = [env.reset(seed=0)[0]]
+    while len(obs) < len(env.unwrapped.script):
+        obs.append(env.step(0)[0])
+    env.close()
+    return obs
+
+
+CODES = np.eye(3, dtype=np.float32)  # codes 1, 2, 3 of Discrete(3, start=1)
+PAIR_21 = [0, 1, 1, 0, 0]  # [2, 1] of MultiDiscrete([2, 3], start=[1, 1]): the second and the third entry
+
+
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("codes_from_one", [CODES[0], CODES[2], CODES[1]]),
+        ("pairs_from_one", [[1, 0, 1, 0, 0], PAIR_21, [1, 0, 0, 0, 1]]),
+        ("dict_from_one", [{"cue": CODES[2], "pair": PAIR_21}] * 2),
+        ("tuple_from_one", [{"0": CODES[2], "1": PAIR_21}] * 2),
+    ],
+)
+def test_one_hot_blocks_start_at_the_spaces_start(case: str, expected: list) -> None:
+    for obs, want in zip(scripted_observations(case), expected, strict=True):
+        if isinstance(want, dict):
+            assert sorted(obs) == sorted(want)
+            for key in want:
+                np.testing.assert_array_equal(obs[key], want[key])
+        else:
+            np.testing.assert_array_equal(obs, want)
+
+
+@pytest.mark.parametrize(
+    "case, patterns",
+    [
+        ("short_vector", [r"the observation has shape \(2,\) and dtype float32", r"declares shape \(3,\) and dtype float32"]),
+        ("extra_key", [r"the key\(s\) \['b'\] that the space does not declare", r"declared: \['a'\]"]),
+        ("pair_out_of_range", [r"values from 1 to 3, outside the bounds of its space MultiDiscrete", r"run from \[1, 1\]"]),
+        ("short_tuple", [r"a tuple of 1 parts, but its space Tuple\(Discrete\(3, start=1\), Discrete\(3, start=1\)\)"]),
+    ],
+)
+def test_observations_that_break_their_space_are_refused_before_conversion(case: str, patterns: list[str]) -> None:
+    with pytest.raises(ObservationError) as error:
+        scripted_observations(case)
+    for pattern in patterns + ["make the environment return observations of its declared observation_space"]:
+        assert re.search(pattern, str(error.value)), (pattern, str(error.value))

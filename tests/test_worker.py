@@ -9,6 +9,7 @@ os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
 import contextlib  # noqa: E402
 import io  # noqa: E402
 import multiprocessing  # noqa: E402
+import re  # noqa: E402
 import signal  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
@@ -16,11 +17,13 @@ from collections.abc import Iterator  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
+import toy_env  # noqa: E402
 
+import environments  # noqa: E402
 from env_group import EnvGroup  # noqa: E402
-from environments import create_env  # noqa: E402
+from environments import EnvFamily, Key, create_env  # noqa: E402
 from environments.replay import EpisodeRecorder, check_states, replay_episode, restore  # noqa: E402
-from worker import StepResult, WorkerError, Workers, environment_processes, episode_seed  # noqa: E402
+from worker import ObservationError, StepResult, WorkerError, Workers, environment_processes, episode_seed  # noqa: E402
 
 POC = {"type": "PocMemoryEnv"}
 POC_GLOB = {"type": "PocMemoryEnv", "glob": True, "freeze": False}
@@ -508,3 +511,65 @@ def test_n_processes_below_auto_is_refused() -> None:
     assert small_config(n_processes=-1).n_processes == -1
     with pytest.raises(ConfigError, match="'n_processes' must be >= -1, got -2"):
         small_config(n_processes=-2)
+
+
+SCRIPTED_SHORT = {"type": "Gymnasium", "id": "toy_env:ToyScripted-v0", "kwargs": {"case": "short_vector"}}
+
+
+@pytest.mark.parametrize("n_processes", [0, 2])
+def test_an_observation_of_the_wrong_shape_stops_with_one_message_naming_env_step_and_shapes(n_processes: int) -> None:
+    workers = Workers(SCRIPTED_SHORT, 2, n_processes, seed=0)
+    workers.reset()
+    workers.step(np.zeros((2, 1), dtype=np.int64))
+    with time_limit(20), pytest.raises(ObservationError) as error:  # not a WorkerError: the message is complete
+        workers.step(np.zeros((2, 1), dtype=np.int64))
+    message = str(error.value)
+    assert message.startswith("environment 0 (Gymnasium 'toy_env:ToyScripted-v0') at step 2 of episode 0: ")
+    assert "has shape (2,) and dtype float32" in message and "declares shape (3,) and dtype float32" in message
+    assert "\n" not in message, "one message, no traceback"
+    assert not live_child_pids()
+
+
+@pytest.fixture
+def scripted_family(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Registers the family "ToyScripted": toy_env.ToyScriptedEnv as it is, without the Gymnasium type's wrapper and its
+    own check, as a family of one's own would hand over its observations (forked children inherit it)."""
+    family = EnvFamily(
+        name="ToyScripted",
+        schema={"case": Key("short_vector", "a case of toy_env.SCRIPTS")},
+        make=lambda config, render_mode, evaluation: toy_env.ToyScriptedEnv(config["case"]),
+    )
+    monkeypatch.setitem(environments.FAMILIES, family.name, family)
+
+
+@pytest.mark.parametrize(
+    "case, step, patterns",
+    [
+        ("short_vector", 2, [r"has shape \(2,\) and dtype float32, but its space Box\(-1.0, 1.0, \(3,\), float32\)"]),
+        ("short_reset", 0, [r"has shape \(2,\) and dtype float32"]),
+        ("level_image", 1, [r"values from 255.0 to 255.0, outside the bounds", r"divide levels 0-255 by 255"]),
+        ("extra_key", 2, [r"the key\(s\) \['b'\] that the space does not declare"]),
+    ],
+)
+@pytest.mark.parametrize("n_processes", [0, 1])
+def test_the_group_checks_every_familys_observations(
+    scripted_family: None, case: str, step: int, patterns: list[str], n_processes: int
+) -> None:
+    with time_limit(20), Workers({"type": "ToyScripted", "case": case}, 1, n_processes, seed=0) as workers:
+        with pytest.raises(ObservationError) as error:
+            workers.reset()
+            for _ in range(step):
+                workers.step(np.zeros((1, 1), dtype=np.int64))
+    where = f"step {step}" if step else "the reset"
+    assert str(error.value).startswith(f"environment 0 (ToyScripted) at {where} of episode 0: ")
+    for pattern in patterns:
+        assert re.search(pattern, str(error.value)), (pattern, str(error.value))
+
+
+def test_a_replayed_observation_is_checked_too(scripted_family: None) -> None:
+    group = EnvGroup({"type": "ToyScripted", "case": "short_vector"}, range(3, 4), 0, False, EpisodeRecorder(1))
+    try:
+        with pytest.raises(ObservationError, match=r"^environment 3 \(ToyScripted\) at step 2 of episode 5 \(replaying"):
+            replay_episode(group, 0, 5, [[0], [0]])
+    finally:
+        group.close()

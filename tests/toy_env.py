@@ -11,6 +11,9 @@ Importing this module (e.g. through the id "toy_env:ToyCue-v0"; tests/ is on sys
   for "hw"; ``cue_image`` computes it.
 - ToyBoxAction-v0 and ToyTupleObs-v0: ToyCue with a Box action space of infinite bounds / a Tuple observation space,
   which the models of this repository cannot take.
+- ToyScripted-v0 (kwargs ``case``): declares the observation space of one of ``SCRIPTS`` and returns that script's
+  observations one per step, some of which break the space (for the observation checks); ``ToyScriptedAgents`` is
+  the same for two agents of PettingZoo's parallel API, the second of which gets the script.
 """
 
 from __future__ import annotations
@@ -164,3 +167,92 @@ for _name, _entry_point in (
 ):
     if _name not in gymnasium.registry:  # a second import (e.g. under another module name) must not re-register
         gymnasium.register(id=_name, entry_point=_entry_point, max_episode_steps=SPEC_LIMIT)
+
+
+def _scripts() -> dict[str, tuple[spaces.Space, list]]:
+    """Per case: the declared observation space and the observations of one episode, the reset's first."""
+    box = spaces.Box(low=-1.0, high=1.0, shape=(3,), dtype=np.float32)
+    vector = np.zeros(3, dtype=np.float32)
+    codes = spaces.Discrete(3, start=1)
+    pairs = spaces.MultiDiscrete([2, 3], start=[1, 1])
+    return {
+        "codes_from_one": (codes, [1, 3, 2]),  # codes 1..3: 3 is the last entry, not one past the block
+        "pairs_from_one": (pairs, [np.array([1, 1]), np.array([2, 1]), np.array([1, 3])]),
+        "dict_from_one": (spaces.Dict({"cue": codes, "pair": pairs}), [{"cue": 3, "pair": np.array([2, 1])}] * 2),
+        "tuple_from_one": (spaces.Tuple((codes, pairs)), [(3, np.array([2, 1]))] * 2),
+        "short_vector": (box, [vector, vector, vector[:2]]),  # (2,) at step 2
+        "short_reset": (box, [vector[:2], vector]),
+        # Gymnasium's own checker refuses a Dict's or Tuple's wrong parts in the reset and the first step, not later.
+        "extra_key": (spaces.Dict({"a": box}), [{"a": vector}, {"a": vector}, {"a": vector, "b": vector}]),
+        "pair_out_of_range": (pairs, [np.array([1, 1]), np.array([3, 1])]),  # 3 is past the first entry's codes 1..2
+        "short_tuple": (spaces.Tuple((codes, codes)), [(1, 1), (1, 1), (1,)]),
+        # Only for use without the Gymnasium type, which takes uint8 images alone: an image of levels 0-255 declared
+        # as floats in [0, 1].
+        "level_image": (
+            spaces.Box(low=0.0, high=1.0, shape=(3, 6, 5), dtype=np.float32),
+            [np.zeros((3, 6, 5), dtype=np.float32), np.full((3, 6, 5), 255.0, dtype=np.float32)],
+        ),
+    }
+
+
+SCRIPTS = tuple(_scripts())
+
+
+class ToyScriptedEnv(gymnasium.Env):
+    """See the module docstring (ToyScripted-v0). Episodes end (terminated) with the script's last observation and
+    report ``info["episode"]``, so that the env also runs without the Gymnasium type's wrapper."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, case: str = "short_vector", render_mode: str | None = None) -> None:
+        self.observation_space, self.script = _scripts()[case]
+        self.action_space = spaces.Discrete(2)
+        self.max_episode_steps = len(self.script) - 1
+        self.t = 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[object, dict]:
+        super().reset(seed=seed)
+        self.t = 0
+        return self.script[0], {}
+
+    def step(self, action: object) -> tuple[object, float, bool, bool, dict]:
+        self.t += 1
+        done = self.t == len(self.script) - 1
+        info = {"episode": {"reward": 0.0, "length": float(self.t)}} if done else {}
+        return self.script[self.t], 0.0, done, False, info
+
+
+class ToyScriptedAgents:
+    """See the module docstring: agents "first" and "second" of PettingZoo's parallel API (entry point
+    "toy_env:ToyScriptedAgents"); "first" sees the script's reset observation throughout, "second" the script."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, case: str = "short_vector") -> None:
+        self.env = ToyScriptedEnv(case)
+        self.possible_agents = ["first", "second"]
+        self.agents: list[str] = []
+
+    def observation_space(self, agent: str) -> spaces.Space:
+        return self.env.observation_space
+
+    def action_space(self, agent: str) -> spaces.Space:
+        return self.env.action_space
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        self.agents = list(self.possible_agents)
+        obs, _ = self.env.reset(seed=seed)
+        return {"first": obs, "second": obs}, {agent: {} for agent in self.agents}
+
+    def step(self, actions: dict) -> tuple[dict, dict, dict, dict, dict]:
+        obs, _, done, _, _ = self.env.step(0)
+        flags = {agent: done for agent in self.agents}
+        rewards = {agent: 0.0 for agent in self.agents}
+        return {"first": self.env.script[0], "second": obs}, rewards, flags, dict.fromkeys(flags, False), {}
+
+    def close(self) -> None:
+        pass
+
+
+if "ToyScripted-v0" not in gymnasium.registry:
+    gymnasium.register(id="ToyScripted-v0", entry_point=ToyScriptedEnv)
