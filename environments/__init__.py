@@ -15,6 +15,7 @@ Modules of the heavier environments (MiniGrid, Memory Gym, which imports pygame;
 imported only when needed.
 """
 
+import difflib
 import importlib
 
 import gymnasium
@@ -37,6 +38,8 @@ FAMILIES: dict[str, EnvFamily] = {
     family.name: family for family in (importlib.import_module(module).FAMILY for module in _FAMILY_MODULES)
 }
 ENV_TYPES = tuple(FAMILIES)
+# The types offered to users in error messages: the registered ones but those made for the tests (Failing).
+USER_TYPES = tuple(name for name, family in FAMILIES.items() if not family.test_only)
 # The key that names the task within a family, where it has one: the environment's id in error messages.
 _ID_KEYS = ("id", "entry_point", "name", "game")
 
@@ -46,6 +49,7 @@ __all__ = [
     "REQUIRED",
     "EnvFamily",
     "Key",
+    "USER_TYPES",
     "agents_per_env",
     "create_env",
     "environment_id",
@@ -60,7 +64,11 @@ def _family(env_config: object) -> EnvFamily:
         raise ValueError(f"environment = {env_config!r} must be a mapping with at least a 'type' key")
     env_type = env_config.get("type")
     if not isinstance(env_type, str) or env_type not in FAMILIES:
-        raise ValueError(f"environment.type = {env_type!r} is not a known environment type; use one of {', '.join(ENV_TYPES)}")
+        close = difflib.get_close_matches(str(env_type), USER_TYPES, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}? Otherwise use" if close else "use"
+        raise ValueError(
+            f"environment.type = {env_type!r} is not a known environment type; {hint} one of {', '.join(USER_TYPES)}"
+        )
     return FAMILIES[env_type]
 
 

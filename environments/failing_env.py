@@ -118,4 +118,5 @@ FAMILY = EnvFamily(
     check=_check,
     render_modes=(None,),
     make=lambda config, render_mode, evaluation: FailingEnv(**config, evaluation=evaluation),
+    test_only=True,
 )

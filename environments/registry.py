@@ -74,6 +74,7 @@ class EnvFamily:
             unknown or unbounded. The default reads the key ``max_episode_steps`` where the family has it.
         agents: The number of agents K of one environment of the validated section, 1 for single-agent families. A
             multi-agent environment fills K consecutive worker lanes (memory streams), see env_group.py.
+        test_only: Whether the family exists for the tests (it stays registered, but error messages do not offer it).
     """
 
     name: str
@@ -83,6 +84,7 @@ class EnvFamily:
     render_modes: RenderModes | Callable[[dict], RenderModes] = (None,)
     episode_limit: Callable[[dict], int] = _limit_from_key
     agents: Callable[[dict], int] = _one_agent
+    test_only: bool = False
 
     def validate(self, env_config: dict) -> dict:
         """Checks keys, types and values of a section of this family's type and fills in defaults.

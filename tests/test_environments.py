@@ -12,6 +12,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from gymnasium.utils.env_checker import check_env  # noqa: E402
 
+from config import ConfigError, load_config, parse_overrides  # noqa: E402
 from environments import ENV_TYPES, FAMILIES, REQUIRED, EnvFamily, Key, create_env, episode_limit, validate_env_config  # noqa: E402
 from observations import ObservationError  # noqa: E402
 
@@ -380,6 +381,15 @@ def test_create_env_rejects_unknown_type_and_render_mode() -> None:
         create_env({"type": "Unknown"})
     with pytest.raises(ValueError, match="render_mode"):
         create_env({"type": "PocMemoryEnv"}, render_mode="ascii")
+
+
+def test_a_misspelt_type_gets_the_close_match_and_the_list_leaves_out_test_types() -> None:
+    with pytest.raises(ConfigError) as error:
+        load_config(os.path.join(ROOT, "configs", "poc_memory_env.yaml"), parse_overrides(["environment.type=Gymnasum"]))
+    message = str(error.value)
+    assert "environment.type = 'Gymnasum' is not a known environment type; did you mean 'Gymnasium'?" in message
+    assert "PettingZoo" in message and "Failing" not in message
+    assert validate_env_config({"type": "Failing"})["type"] == "Failing", "test-only types stay registered"
 
 
 def test_a_parallel_environments_observations_are_checked_per_agent() -> None:
