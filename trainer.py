@@ -14,6 +14,7 @@ import signal
 import sys
 import time
 import traceback
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -32,7 +33,7 @@ from rollout import RolloutCollector, RolloutStats
 from summaries import Summaries, console_line
 from worker import WorkerError, Workers, environment_processes, usable_cores
 
-__all__ = ["PPOTrainer", "TrainingStopped", "check_memory_path"]
+__all__ = ["PPOTrainer", "TrainingStopped", "UpdateResult", "check_memory_path"]
 
 # glibc's mallopt parameters (malloc.h): M_TRIM_THRESHOLD, M_MMAP_THRESHOLD.
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
@@ -59,6 +60,19 @@ def keep_freed_memory() -> bool:
 
 
 EVALUATION_SEED = 0  # every training-time evaluation plays the same unseen episodes, so its curve compares like with like
+
+
+class UpdateResult(NamedTuple):
+    """What ``PPOTrainer.train_update`` did, for the update's log."""
+
+    episodes: dict[str, list[float]]  # the episodes that ended in the rollout (of all ranks): metric -> values
+    stats: dict[str, float]  # the optimisation's statistics (ppo.py)
+    seconds: dict[str, float]  # "rollout": collecting it; "optimize": the rest (observation statistics, ranks' check)
+
+    @property
+    def means(self) -> dict[str, float]:
+        """The mean of each metric over the episodes that ended (empty if none did)."""
+        return {key: float(np.mean(values)) for key, values in self.episodes.items()}
 
 
 class TrainingStopped(RuntimeError):
@@ -169,15 +183,22 @@ class PPOTrainer:
         self.progress.env_steps += self.config.n_workers * self.config.worker_steps
         return RolloutStats(merge_episodes(all_gather(stats.episodes, self.ranks))) if self.ranks.distributed else stats
 
-    def log(self, episodes: dict[str, list[float]], stats: dict[str, float], rollout_s: float, optimize_s: float) -> str:
+    def train_update(self) -> UpdateResult:
+        """One update's work, for run and the lab alike: rollout, optimisation, observation statistics, the ranks' check."""
+        start = time.perf_counter()
+        rollout = self.rollout()
+        middle = finished(self.device)  # the rollout's last kernels (returns, advantages) count as rollout time
+        stats = self.learner.optimize(self.buffer, self.update)
+        self.collector.update_observation_statistics()
+        check_identical(self.model, self.ranks)
+        return UpdateResult(rollout.episodes, stats, {"rollout": middle - start, "optimize": finished(self.device) - middle})
+
+    def log(self, done: UpdateResult) -> str:
         """Write the summaries of the update in progress; returns its console line."""
-        sps = self.config.n_workers * self.config.worker_steps / (rollout_s + optimize_s)
+        sps = self.config.n_workers * self.config.worker_steps / sum(done.seconds.values())
         if self.summaries is not None:
-            self.summaries.update(
-                self.progress.env_steps, episodes, stats, sps, {"rollout": rollout_s, "optimize": optimize_s}
-            )
-        means = {key: float(np.mean(values)) for key, values in episodes.items()}
-        return console_line(self.update + 1, self.config.updates, self.progress.env_steps, sps, means, stats)
+            self.summaries.update(self.progress.env_steps, done.episodes, done.stats, sps, done.seconds)
+        return console_line(self.update + 1, self.config.updates, self.progress.env_steps, sps, done.means, done.stats)
 
     def evaluate(self) -> dict[str, float] | None:
         """Rank 0: evaluate on the fixed set of unseen episodes, log under ``evaluation/`` and print the means, which
@@ -210,14 +231,8 @@ class PPOTrainer:
         try:
             self.snapshot = self.snapshot_state()
             while self.update < config.updates:
-                tick = time.time()
-                rollout = self.rollout()
-                middle = time.time()
-                stats = self.learner.optimize(self.buffer, self.update)
-                self.collector.update_observation_statistics()
-                check_identical(self.model, self.ranks)
-                episode_means = {key: float(np.mean(values)) for key, values in rollout.episodes.items()}
-                line = self.log(rollout.episodes, stats, middle - tick, time.time() - middle)
+                done = self.train_update()
+                line = self.log(done)
                 self.progress.update += 1
                 due = bool(config.checkpoint_interval) and self.update % config.checkpoint_interval == 0
                 if not self.ranks.distributed or due or self.update == config.updates:
@@ -226,9 +241,9 @@ class PPOTrainer:
                     self.snapshot = self.snapshot_state()
                 if due:
                     save_snapshot(self.snapshot, self.checkpoint_path, self.model_path)
-                last_means = episode_means or last_means
+                last_means = done.means or last_means
                 if self.ranks.main and config.compile and self.update == start_update + 1:
-                    print(f"  the first update took {time.time() - tick:.0f}s, torch.compile's compilation included")
+                    print(f"  the first update took {sum(done.seconds.values()):.0f}s, torch.compile's compilation included")
                 if self.ranks.main and (self.update % log_every == 0 or self.update == config.updates):
                     elapsed = time.time() - start
                     left = elapsed / (self.update - start_update) * (config.updates - self.update)
@@ -273,6 +288,13 @@ def make_model(
     without bfloat16 units (model.py), which ``say`` prints."""
     compute_dtype = runnable_compute_dtype(config.compute_dtype, device, say)
     return ActorCriticModel(config, obs_shape, actions, memory_path, compute_dtype).to(device)
+
+
+def finished(device: torch.device) -> float:
+    """``time.perf_counter()`` once the kernels queued on a CUDA ``device`` have run, so that a time includes them."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 def save_snapshot(snapshot: dict | None, checkpoint_path: str, model_path: str) -> None:

@@ -77,28 +77,21 @@ def count_flops(trainer: PPOTrainer) -> float:
 
 
 def measure(config_path: str, overrides: dict, path: str, updates: int, device: torch.device) -> dict:
-    """Time ``updates`` updates of one memory path (after one warm-up update) in this process."""
+    """Time ``updates`` updates of one memory path (after one warm-up update) in this process, each the trainer's own
+    (``PPOTrainer.train_update``: rollout, optimisation, observation statistics)."""
     config = load_config(config_path, {**overrides, "eval_interval": 0})
     folder = tempfile.mkdtemp(prefix="benchmark-")  # the run's model and summaries, removed afterwards
     trainer = PPOTrainer(config, "benchmark", device, 0, path, models_dir=folder, summaries_dir=folder)
     try:
-        trainer.rollout()
-        trainer.learner.optimize(trainer.buffer, trainer.update)
+        trainer.train_update()
         mflop = count_flops(trainer)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         rollout_s = train_s = 0.0
         for _ in range(updates):
-            start = time.perf_counter()
-            trainer.rollout()
-            if device.type == "cuda":  # the rollout's last kernels (returns, advantages) count as rollout time
-                torch.cuda.synchronize()
-            middle = time.perf_counter()
-            trainer.learner.optimize(trainer.buffer, trainer.update)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            rollout_s += middle - start
-            train_s += time.perf_counter() - middle
+            seconds = trainer.train_update().seconds
+            rollout_s += seconds["rollout"]
+            train_s += seconds["optimize"]
     finally:
         trainer.close()
         shutil.rmtree(folder, ignore_errors=True)

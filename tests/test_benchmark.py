@@ -1,4 +1,5 @@
-"""lab/benchmark.py stops its measuring children when it is stopped itself."""
+"""lab/benchmark.py stops its measuring children when it is stopped itself; lab/measure.py measures the trainer's own
+updates."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ import sys
 import time
 
 import pytest
+import torch
 
-from cli import module_environment
+from cli import ROOT, module_environment
+from lab import measure
+from trainer import PPOTrainer
 
 
 def children_of(pid: int) -> list[int]:
@@ -62,8 +66,6 @@ def test_sigterm_stops_the_measuring_child(tmp_path: str) -> None:
 
 def test_scaling_asks_for_no_more_processes_than_gpus(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     # NCCL takes one GPU per process: on a one-GPU machine --processes 1,2 stops before training, and names the fix.
-    import torch
-
     from lab import benchmark
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -72,3 +74,21 @@ def test_scaling_asks_for_no_more_processes_than_gpus(monkeypatch: pytest.Monkey
     assert code == 2
     error = capsys.readouterr().err
     assert "asks for 2 processes" in error and "list counts up to 1, or add --cpu" in error
+
+
+def test_measured_updates_move_the_observation_statistics(monkeypatch: pytest.MonkeyPatch) -> None:
+    """measure.py times the trainer's own updates: with normalize_observations each takes its rollout into the
+    statistics, as PPOTrainer.run's do, so the measured update is the one training runs."""
+    trainers, counts = [], []
+
+    class Kept(PPOTrainer):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)
+            trainers.append(self)
+            counts.append(self.model.normalizer.parts[0].statistics.count.item())  # before any update
+
+    monkeypatch.setattr(measure, "PPOTrainer", Kept)
+    small = {"n_workers": 2, "worker_steps": 16, "n_mini_batch": 1, "normalize_observations": True}
+    measure.measure(os.path.join(ROOT, "configs", "poc_memory_env.yaml"), small, "fast", 1, torch.device("cpu"))
+    added = trainers[0].model.normalizer.parts[0].statistics.count.item() - counts[0]
+    assert added == 2 * 2 * 16  # the warm-up update's rollout and the measured one's, every worker's step
