@@ -53,6 +53,7 @@ from config import (
     validate_config,
 )
 from distributed import SINGLE, Ranks, all_gather
+from observations import ObservationError
 from trainer import PPOTrainer, TrainingStopped, check_memory_path
 from worker import WorkerError, usable_cores
 
@@ -229,7 +230,7 @@ def train(argv: list[str] | None, ranks: Ranks, held: contextlib.ExitStack) -> i
     print(f"training {run_id} on {device.type}{processes} from {source}, memory path {memory_path}", flush=True)
     try:
         trainer = PPOTrainer(config, run_id, device, seed, memory_path, checkpoint=checkpoint, ranks=ranks)
-    except WorkerError as error:
+    except (WorkerError, ObservationError) as error:
         print(f"error: the environment failed to start: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -262,17 +262,13 @@ class PPOTrainer:
         return last_means
 
     def _stop(self, error: BaseException) -> None:
-        """Keep the last completed update on disk, then raise TrainingStopped explaining why and how to resume."""
-        kept = "nothing (it stopped before the first update)"
-        if not self.ranks.main:
-            kept = "what rank 0 wrote"
-        elif self.snapshot is not None:
+        """Keep the last completed update on disk, then raise TrainingStopped explaining why and how to go on. A run
+        that completed no update writes nothing, so that nothing refuses the same command once the cause is fixed."""
+        done = 0 if self.snapshot is None else self.snapshot["update"]
+        if done:
             save_snapshot(self.snapshot, self.checkpoint_path, self.model_path)
-            done = self.snapshot["update"]
-            kept = f"{self.checkpoint_path} ({'no update completed yet' if done == 0 else f'after update {done}'})"
         message = stop_message(error, self.ranks, self.update, self.config.updates)
-        message += f"\nkept {kept}; continue with: python train.py --resume={self.checkpoint_path}"
-        raise TrainingStopped(message) from error
+        raise TrainingStopped(f"{message}\n{how_to_go_on(done, self.ranks, self.checkpoint_path)}") from error
 
     def close(self) -> None:
         """Stop the workers and flush the summaries."""
@@ -316,11 +312,14 @@ def merge_episodes(parts: list[dict[str, list[float]]]) -> dict[str, list[float]
 
 
 def stop_message(error: BaseException, ranks: Ranks, update: int, updates: int) -> str:
-    """Why and when training stopped, with the traceback of an unexpected error (``update`` updates completed)."""
+    """Why and when training stopped (``update`` updates completed): an expected stop with its error's message (a
+    ConfigError's or an ObservationError's is complete: where, what and the fix), anything else with its traceback."""
     known = {
         KeyboardInterrupt: "interrupted",
         WorkerError: "an environment worker failed",
         NonFiniteError: "a non-finite loss or gradient",
+        ConfigError: "the config does not fit",
+        observations.ObservationError: "an observation does not fit its space",
     }
     reason = known.get(type(error), f"an unexpected error ({type(error).__name__})")
     where = f" on rank {ranks.rank} of {ranks.world}" if ranks.distributed else ""
@@ -335,6 +334,16 @@ def stop_message(error: BaseException, ranks: Ranks, update: int, updates: int) 
     elif not isinstance(error, KeyboardInterrupt):
         message += f": {error}"
     return message
+
+
+def how_to_go_on(done: int, ranks: Ranks, checkpoint_path: str) -> str:
+    """The last line of a stop's message: what it kept and how to go on, ``done`` being the update of the snapshot it
+    wrote. Where no update completed nothing was written, and no --resume is offered: the same command runs again."""
+    if not ranks.main:
+        return "kept what rank 0 wrote (its message says how to go on)"
+    if not done:
+        return "no update completed, so no checkpoint was written: run the same command again once the cause is fixed"
+    return f"kept {checkpoint_path} (after update {done}); continue with: python train.py --resume={checkpoint_path}"
 
 
 def check_ranks(config: Config, ranks: Ranks) -> None:

@@ -8,17 +8,22 @@ import subprocess
 import sys
 import time
 
+import gymnasium
+import numpy as np
 import pytest
 import torch
 import yaml
 from conftest import small_config
+from gymnasium import spaces
 
 import ppo
+import train
 import trainer as trainer_module
 from checkpoint import load_file
 from config import ConfigError, parse_overrides, validate_config
+from distributed import SINGLE
 from model import PolicyOutput
-from trainer import PPOTrainer, TrainingStopped
+from trainer import PPOTrainer, TrainingStopped, stop_message
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOOD = {
@@ -201,6 +206,7 @@ def test_signal_writes_checkpoint_and_resume_continues(tmp_path: str, sig: int) 
     saved = load_file(path)["update"]
     assert saved >= 3
     assert os.path.isfile(os.path.join(tmp_path, "models", f"{marker}.nn"))
+    assert not os.path.exists(os.path.join(tmp_path, "models", f"{marker}.lock")), "the run's lock is released"
     time.sleep(0.5)
     assert leftover_processes(marker) == []
     result = run_train(tmp_path, f"--resume={path}", f"--set=updates={saved + 2}")
@@ -395,3 +401,62 @@ def test_stopping_in_the_final_evaluation_says_so(tmp_path: str, monkeypatch: py
     message = str(error.value)
     assert "after the last update (1), during the final evaluation or saving" in message
     assert "(after update 1)" in message and "update 2" not in message
+
+
+class WrongShapeEnv(gymnasium.Env):
+    """Declares (3,) observations but returns (2,) ones from step ``from_step`` of each episode on (0: the reset's):
+    an environment whose bug shows before training starts (0) or in the first rollout (1)."""
+
+    observation_space = spaces.Box(-1.0, 1.0, (3,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self, from_step: int = 1) -> None:
+        self.from_step, self.t = from_step, 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self.t = 0
+        return self._observation(), {}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        self.t += 1
+        return self._observation(), 0.0, False, False, {}
+
+    def _observation(self) -> np.ndarray:
+        return np.zeros(2 if self.t >= self.from_step else 3, dtype=np.float32)
+
+
+if "WrongShape-v0" not in gymnasium.registry:  # this module is imported again by the id "test_reliability:WrongShape-v0"
+    gymnasium.register(id="WrongShape-v0", entry_point=WrongShapeEnv, max_episode_steps=8)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "from_step,words",
+    [
+        (1, "training stopped: an observation does not fit its space during update 1 of 2"),
+        (0, "the environment failed to start"),
+    ],
+)
+def test_a_run_stopped_before_its_first_update_says_so_once_and_the_same_command_runs_again(
+    tmp_path: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, from_step: int, words: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    broken = {"type": "Gymnasium", "id": "test_reliability:WrongShape-v0", "kwargs": {"from_step": from_step}}
+    path = write_config(tmp_path, dict(with_change("environment", broken), updates=2))
+    argv = [f"--config={path}", "--run-id=early", "--cpu"]
+    for _ in range(2):  # and again: nothing the first attempt left refuses the same command
+        assert train.main(argv) == 1
+        error = capsys.readouterr().err
+        assert words in error and "(3,)" in error and "(2,)" in error, error
+        assert "Traceback" not in error and "--resume" not in error and "exists already" not in error
+        assert os.listdir("models") == [], "no checkpoint, model file or lock"
+    write_config(tmp_path, dict(GOOD, updates=1))  # the environment fixed
+    assert train.main(argv) == 0, capsys.readouterr().err
+    assert load_file(os.path.join("models", "early", "checkpoint.pt"))["update"] == 1
+
+
+def test_an_error_with_a_complete_message_stops_without_a_traceback() -> None:
+    error = ConfigError("'x' must be > 0, got -1: set x to a positive number")
+    expected = f"training stopped: the config does not fit during update 1 of 2: {error}"
+    assert stop_message(error, SINGLE, 0, 2) == expected
