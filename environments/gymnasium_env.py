@@ -239,11 +239,11 @@ def raw_leaves(space: spaces.Space, layout: str | tuple | dict) -> dict[str | No
         start = np.asarray(space.start, dtype=np.int64)
         last = start + np.asarray(space.n if isinstance(space, spaces.Discrete) else space.nvec, dtype=np.int64) - 1
         hint = f"its codes run from {start.tolist()} to {last.tolist()} (start to start + n - 1)"
-        return {None: observations.Leaf(tuple(space.shape), "int64", start, last, str(space), hint)}
+        return {None: observations.Leaf(tuple(space.shape), np.dtype(np.int64), start, last, str(space), hint)}
     if layout == "vector":
-        return {None: observations.Leaf(tuple(space.shape), space.dtype.name, None, None, str(space))}
+        return {None: observations.Leaf(tuple(space.shape), space.dtype, None, None, str(space))}
     low, high = float(space.low.min()), float(space.high.max())  # an image's levels
-    return {None: observations.Leaf(tuple(space.shape), "uint8", low, high, str(space), "images are uint8 levels")}
+    return {None: observations.Leaf(tuple(space.shape), space.dtype, low, high, str(space), "images are uint8 levels")}
 
 
 def check_raw(obs: object, space: spaces.Space, expected: dict[str | None, observations.Leaf]) -> None:
