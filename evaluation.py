@@ -67,7 +67,8 @@ def evaluate(
         attention: compute attention weights for ``on_step``.
         max_steps: an episode still running after this many steps ends there (a good agent on an Endless task, or a
             task without a step limit, would otherwise play on): its result holds the sum of the steps' rewards so far
-            (as the environment's steps give them, which may be scaled), the length and ``"evaluation_cut": 1``.
+            (as the environment's steps give them, which may be scaled), the length and ``"evaluation_cut": 1``; an
+            episode that ended by itself has ``"evaluation_cut": 0``, so that the metric's mean is the share cut.
     """
     model.eval()
     env = create_env(config.environment, render_mode=render_mode, evaluation=True)
@@ -101,14 +102,18 @@ def evaluate(
     return count_cut_episodes_as_failures(results)
 
 
-def count_cut_episodes_as_failures(results: list[dict[str, float]]) -> list[dict[str, float]]:
+def count_cut_episodes_as_failures(results: list[dict[str, float]], success: bool = False) -> list[dict[str, float]]:
     """Give every episode cut at ``max_steps`` ``success`` 0 where the task reports success: the agent did not
-    succeed in it, and without the key the success rate would leave it out. (Where every episode was cut, no
-    episode tells that the task has a success, and the results have none.)"""
-    if any("success" in result for result in results):
-        for result in results:
-            if "evaluation_cut" in result:
-                result.setdefault("success", 0.0)
+    succeed in it, and without the key the success rate would leave it out. Whether the task reports success shows
+    in any episode that reports it; where every episode was cut none does, and ``success`` (known from elsewhere,
+    such as the run's training episodes) says so. Also gives ``evaluation_cut`` 0 to every episode without the mark
+    (results of an evaluation before uncut episodes carried it), so that its mean is the share of cut episodes.
+    Changes ``results`` in place and returns them."""
+    success = success or any("success" in result for result in results)
+    for result in results:
+        cut = result.setdefault("evaluation_cut", 0.0)
+        if cut and success:
+            result.setdefault("success", 0.0)
     return results
 
 

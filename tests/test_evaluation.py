@@ -33,3 +33,27 @@ def test_evaluate_reports_cut_episodes_with_their_steps_and_mark() -> None:
     model = ActorCriticModel(config, (3,), [2])
     results = evaluate(model, config, torch.device("cpu"), episodes=3, max_steps=1)
     assert all(result["evaluation_cut"] == 1.0 and result["length"] == 1.0 for result in results)
+
+
+def test_the_mean_of_evaluation_cut_is_the_share_of_cut_episodes() -> None:
+    results = [
+        {"reward": 1.0, "length": 5.0, "success": 1.0},
+        {"reward": 0.2, "length": 9.0, "evaluation_cut": 1.0},
+        {"reward": 1.0, "length": 4.0, "success": 1.0},
+        {"reward": 1.0, "length": 6.0, "success": 1.0},
+    ]  # as a record written before uncut episodes carried the mark holds them
+    assert metric_means(count_cut_episodes_as_failures(results))["evaluation_cut"] == 0.25
+
+
+def test_evaluate_marks_the_episodes_that_ended_by_themselves() -> None:
+    config = small_config()
+    torch.manual_seed(0)
+    model = ActorCriticModel(config, (3,), [2])
+    results = evaluate(model, config, torch.device("cpu"), episodes=3)  # the proof-of-memory task ends in a few steps
+    assert [result["evaluation_cut"] for result in results] == [0.0, 0.0, 0.0]
+
+
+def test_every_episode_cut_counts_as_a_failure_where_the_task_is_known_to_report_success() -> None:
+    """No episode of the evaluation tells that the task reports success; its training did."""
+    results = [{"reward": 0.2, "length": 9.0, "evaluation_cut": 1.0}, {"reward": 0.1, "length": 9.0, "evaluation_cut": 1.0}]
+    assert [result["success"] for result in count_cut_episodes_as_failures(results, success=True)] == [0.0, 0.0]
