@@ -25,7 +25,8 @@ Options:
   --set=<key=value>     Override a config key, repeatable, nested with dots, e.g. --set updates=10 and
                         transformer.memory_length=16; values are YAML, an empty value is the empty string.
   --threads=<n>         CPU threads of torch: where other trainings share the machine, give each its share of the cores
-                        (default: OMP_NUM_THREADS, else one per core that the load average leaves free, at least 1).
+                        (default: OMP_NUM_THREADS, else one per core that the load average leaves free, at least 1,
+                        looked at again between updates).
   -h --help             Show this help.
 """
 
@@ -38,6 +39,9 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 
@@ -57,6 +61,7 @@ from observations import ObservationError
 from trainer import PPOTrainer, TrainingStopped, check_memory_path
 from worker import WorkerError, usable_cores
 
+T = TypeVar("T")
 MIN_FREE_MB = 100  # refuse to start with less free disk space than this for models and summaries
 DEFAULT_CONFIG = "configs/poc_memory_env.yaml"
 MODELS_DIR, SUMMARIES_DIR = "models", "summaries"  # relative to the current folder, as PPOTrainer's defaults
@@ -123,13 +128,61 @@ def main(argv: list[str] | None = None) -> int:
     distributed.leave(code)  # everything is saved and closed: skip the shutdown that sometimes aborts (see leave)
 
 
-def default_threads() -> int:
-    """torch's CPU threads where neither --threads nor OMP_NUM_THREADS says: one per core that the 1-minute load
-    average leaves free (at least 1, at most torch's own count). Threads of trainings that share cores spin while they
-    wait for each other: three proof-of-memory trainings side by side on 2 cores took over 30 s per update with 2
-    threads each and 2.6 s with 1 (docs/troubleshooting.md)."""
-    busy = round(os.getloadavg()[0]) if hasattr(os, "getloadavg") else 0
-    return max(1, min(torch.get_num_threads(), usable_cores() - busy))
+LOAD_CHECK_SECONDS = 30  # how often a training whose threads follow the load looks at it again (between updates)
+
+
+def load_average() -> float:
+    """The 1-minute load average (0 where the system has none)."""
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+
+
+def default_threads(trainings: int = 1, load: float | None = None, most: int | None = None) -> int:
+    """torch's CPU threads of each of ``trainings`` trainings started side by side (lab.tune's seeds, lab.experiment's
+    jobs) where neither --threads nor OMP_NUM_THREADS says: the cores that the load of other processes leaves free,
+    shared among them, at least 1 each and at most ``most`` (default: torch's own count). ``load`` is that load
+    (default: the 1-minute load average, which before the trainings start is the others'). Threads of trainings that
+    share cores spin while they wait for each other: three proof-of-memory trainings side by side on 2 cores took over
+    30 s per update with 2 threads each and 2.6 s with 1 (docs/troubleshooting.md)."""
+    free = usable_cores() - round(load_average() if load is None else load)
+    return max(1, min(most or torch.get_num_threads(), free // trainings))
+
+
+class LoadThreads:
+    """torch's threads of a training that chose them by the load, decided again between updates every
+    LOAD_CHECK_SECONDS: a training started alone takes the free cores, leaves them to trainings started beside it
+    later (it gives up the cores their load takes), and takes them back, up to its first choice, once they end. The
+    load it weighs is the others': the load average less this process's own CPU use since it last looked, so that its
+    own threads do not count against it. The whole process shares one choice: torch takes it on the main thread, the
+    one that trains."""
+
+    def __init__(self) -> None:
+        self.most = self.threads = default_threads()
+        torch.set_num_threads(self.threads)
+        self.looked, self.cpu = time.monotonic(), time.process_time()
+
+    def look(self) -> None:
+        """Decide again if LOAD_CHECK_SECONDS passed since the last look, and say so where the choice changes."""
+        now = time.monotonic()
+        if now - self.looked < LOAD_CHECK_SECONDS:
+            return
+        cpu = time.process_time()  # every thread of this process
+        others = max(0.0, load_average() - (cpu - self.cpu) / (now - self.looked))
+        self.looked, self.cpu = now, cpu
+        threads = default_threads(load=others, most=self.most)
+        if threads != self.threads:
+            print(f"  threads {self.threads} -> {threads}: other processes keep {others:.1f} of {usable_cores()} cores busy",
+                  flush=True)  # fmt: skip
+            self.threads = threads
+            torch.set_num_threads(threads)
+
+    def between_updates(self, train_update: Callable[[], T]) -> Callable[[], T]:
+        """``train_update`` (the trainer's, which its run loop calls once per update) with a look at the load first."""
+
+        def looked_first() -> T:
+            self.look()
+            return train_update()
+
+        return looked_first
 
 
 def hold_run(run_id: str, argv: list[str] | None, ranks: Ranks, held: contextlib.ExitStack) -> None:
@@ -166,13 +219,19 @@ def train(argv: list[str] | None, ranks: Ranks, held: contextlib.ExitStack) -> i
     except ValueError:
         print(f"error: --seed must be an integer, got '{args['--seed']}'", file=sys.stderr)
         return 2
+    load_threads = None
     if args["--threads"] is not None:
         if not args["--threads"].isdigit() or int(args["--threads"]) < 1:
             print(f"error: --threads must be a whole number >= 1, got '{args['--threads']}'", file=sys.stderr)
             return 2
         torch.set_num_threads(int(args["--threads"]))
+        why = "--threads"
     elif "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(default_threads())
+        load_threads = LoadThreads()
+        why = "one per core the load leaves free, looked at again between updates"
+    else:
+        why = "OMP_NUM_THREADS"
+    threads = f"{torch.get_num_threads()} thread{'s' if torch.get_num_threads() > 1 else ''} ({why})"
     resume = args["--resume"]
     if resume and args["--config"] is not None:
         print(
@@ -227,7 +286,7 @@ def train(argv: list[str] | None, ranks: Ranks, held: contextlib.ExitStack) -> i
     if ranks.distributed:
         plural, workers = "es" if ranks.world > 1 else "", config.n_workers // ranks.world
         processes = f" on {ranks.world} process{plural} ({workers} workers each, {distributed.backend()})"
-    print(f"training {run_id} on {device.type}{processes} from {source}, memory path {memory_path}", flush=True)
+    print(f"training {run_id} on {device.type}{processes} from {source}, memory path {memory_path}, {threads}", flush=True)
     try:
         trainer = PPOTrainer(config, run_id, device, seed, memory_path, checkpoint=checkpoint, ranks=ranks)
     except (WorkerError, ObservationError) as error:
@@ -244,6 +303,8 @@ def train(argv: list[str] | None, ranks: Ranks, held: contextlib.ExitStack) -> i
             raise
         print(f"error: the checkpoint does not fit this environment or config: {error}", file=sys.stderr)
         return 2
+    if load_threads is not None:
+        trainer.train_update = load_threads.between_updates(trainer.train_update)
     print(f"summaries: {trainer.summary_dir} (tensorboard --logdir {SUMMARIES_DIR})", flush=True)
     try:
         trainer.run()

@@ -12,8 +12,10 @@ Options:
                         models/<id>/seed-k/checkpoint.pt with the run's console output in train.log beside it,
                         summaries/<id>/seed-k/<time>/), results go to results/<id>/ (required).
   --set=<key=value>     Override a config key in every seed's run, as in train.py (repeatable).
-  --jobs=<n>            Seeds trained at a time; each train.py gets max(1, cores // n) threads (OMP_NUM_THREADS), so
-                        they do not oversubscribe the CPU [default: 1].
+  --jobs=<n>            Seeds trained at a time [default: 1].
+  --threads=<n>         torch threads of each seed's train.py (OMP_NUM_THREADS), so that the seeds do not oversubscribe
+                        the CPU (default: the cores that the load leaves free when the experiment starts, shared among
+                        its jobs, at least 1 each: train.py's rule).
   --eval-episodes=<n>   Unseen episodes each final model is evaluated on: the same episodes for every seed
                         (evaluation seed 0) [default: 100].
   --deterministic       Evaluate the final models with their most likely actions instead of sampling them (SB3's
@@ -46,9 +48,10 @@ import torch
 
 from cli import parse_args
 from config import ConfigError, load_config, parse_overrides
+from evaluation import count_cut_episodes_as_failures
 from lab.experiment_report import SUCCESS_THRESHOLD, aggregate, experiment_figure, print_report
 from lab.seeds import EVALUATION_SEED, RESULTS_DIR, Evaluation, Seed, plan, run_seeds, say, settle
-from train import config_path
+from train import config_path, default_threads
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -87,6 +90,18 @@ def check_run_id(run_id: str) -> None:
         raise ValueError(f"--run-id '{run_id}': give a relative name such as poc-5seeds (it becomes results/<id>/)")
 
 
+def evaluation_metric(runs: list[Seed]) -> str:
+    """The metric of the finished ``runs``: "success" where the task reports it (a seed's evaluation does; ``settle``
+    gave success 0 to the cut episodes of each seed whose training or evaluation showed it), else "reward". With
+    success, every seed's episodes cut at the evaluation's step limit count as failures, also those of a seed whose
+    evaluation and training ended no episode by themselves (one such seed must not turn the experiment to reward)."""
+    if not any("success" in result for run in runs for result in run.evaluation):
+        return "reward"
+    for run in runs:
+        count_cut_episodes_as_failures(run.evaluation, success=True)
+    return "success"
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m lab.experiment`` with the command-line arguments ``argv`` (default: sys.argv[1:]); returns the exit code."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -104,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         seeds = parse_seeds(args["--seeds"])
         check_run_id(args["--run-id"])
         jobs = number(args, "--jobs", int, 1)
+        threads = None if args["--threads"] is None else number(args, "--threads", int, 1)
         evaluation = Evaluation(number(args, "--eval-episodes", int, 1), bool(args["--deterministic"]))
         threshold = number(args, "--threshold", float) if args["--threshold"] is not None else None
         sets = list(args["--set"])
@@ -126,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
             say(run, f"skipped: finished earlier (update {run.start_update}/{config.updates}, {source})")
         elif run.action == "failed":
             say(run, f"cannot run: {run.reason}")
+    if threads is None:  # shared among the seeds that train at once
+        threads = default_threads(max(1, min(jobs, sum(run.action in ("new", "resume") for run in runs))))
 
     # SIGINT explicitly too: a process started in the background of a script inherits SIGINT ignored, and Python then
     # leaves it ignored, so that `kill -INT` would not stop the experiment.
@@ -135,8 +153,9 @@ def main(argv: list[str] | None = None) -> int:
         for run in [run for run in runs if run.action == "finished"]:  # finished earlier
             settle(run, evaluation, device)
         run_seeds(
-            runs, path, sets, config.updates, jobs, bool(args["--cpu"]), lambda run: settle(run, evaluation, device, threads=1)
-        )
+            runs, path, sets, config.updates, jobs, threads, bool(args["--cpu"]),
+            lambda run: settle(run, evaluation, device, threads=1),
+        )  # fmt: skip
     except KeyboardInterrupt:
         print(
             "interrupted: the running seeds kept their checkpoints; run the same command again to continue "
@@ -153,8 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     if not finished:
         print(f"error: no seed finished ({len(failures)} failed); nothing to aggregate", file=sys.stderr)
         return 1
-    # Where an episode was cut at the evaluation's step limit, its success is 0 (evaluation.count_cut_episodes_as_failures).
-    metric = "success" if all(any("success" in result for result in run.evaluation) for run in finished) else "reward"
+    metric = evaluation_metric(finished)
     if threshold is None and metric == "success":
         threshold = SUCCESS_THRESHOLD
     results_dir = os.path.join(RESULTS_DIR, experiment_id)

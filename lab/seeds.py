@@ -25,7 +25,6 @@ from checkpoint import load_file, load_model
 from cli import ROOT
 from config import ConfigError, flatten, validate_config, with_saved_defaults
 from evaluation import count_cut_episodes_as_failures, evaluate, metric_means
-from worker import usable_cores
 
 TRAIN = os.path.join(ROOT, "train.py")
 MODELS_DIR, RESULTS_DIR = "models", "results"  # relative to the current folder, as train.py's models/
@@ -114,11 +113,12 @@ def config_changes(saved: dict, wanted: dict) -> list[str]:
     return [f"{key} {old.get(key)!r} -> {new.get(key)!r}" for key in keys if old.get(key) != new.get(key)]
 
 
+SUCCESS_CURVE = "episode/success_mean"  # the training episodes' success rate per update, where the task reports one
 # Curves a seed's record keeps: the episodes' and, to tell after the summaries are gone why a curve fell, the policy's
 # step size (approximate KL per update, mean and largest over its minibatches), its entropy, and the gradient steps
 # each update took (fewer than epochs x minibatches where target_kl ended it early).
 RECORD_TAGS = (
-    "episode/reward_mean", "episode/success_mean", "episode/length_mean", "training/approx_kl",
+    "episode/reward_mean", SUCCESS_CURVE, "episode/length_mean", "training/approx_kl",
     "training/approx_kl_max", "losses/entropy", "training/gradient_steps", "values/advantage_std",
 )  # fmt: skip
 
@@ -316,7 +316,8 @@ def finish(run: Seed, updates: int) -> None:
 def settle(run: Seed, evaluation: Evaluation, device: torch.device, threads: int | None = None) -> None:
     """Evaluate a finished seed (or take its record's evaluation) and write its record, saying what it found.
     ``threads`` limits torch's threads meanwhile (while other seeds train)."""
-    if reusable_evaluation(run, evaluation):  # its record is up to date
+    reused = reusable_evaluation(run, evaluation)  # its record is up to date
+    if reused:
         print(f"seed {run.seed}: evaluation from {run.record_path}:", end="", flush=True)
         run.evaluation = run.record["evaluation"]
     else:
@@ -328,9 +329,12 @@ def settle(run: Seed, evaluation: Evaluation, device: torch.device, threads: int
             evaluate_seed(run, evaluation, device)
         finally:
             torch.set_num_threads(previous)
-        if run.action != "failed":
+    if run.action != "failed":
+        # Also in records written before cut episodes counted, or before a task whose every evaluation episode was cut
+        # was known to report success.
+        count_cut_episodes_as_failures(run.evaluation, reports_success(run))
+        if not reused:
             write_record(run, evaluation)
-    count_cut_episodes_as_failures(run.evaluation)  # also in records written before cut episodes counted
     means = metric_means(run.evaluation) if run.evaluation else {}
     shown = "  ".join(f"{key} {means[key]:.3f}" for key in ("reward", "success") if key in means)
     print(f" failed: {run.reason}" if run.action == "failed" else f" {shown}", flush=True)
@@ -342,15 +346,15 @@ def run_seeds(
     sets: list[str],
     updates: int,
     jobs: int,
+    threads: int,
     cpu: bool,
     on_finished: Callable[[Seed], None] = lambda run: None,
 ) -> None:
-    """Train the seeds that need it, ``jobs`` at a time, reporting each start and end (and every PROGRESS_SECONDS the
-    last line of each running seed), and call ``on_finished`` with each seed that finishes (so that an interrupted
-    experiment keeps the results of its finished seeds). On KeyboardInterrupt, stops the running children (they save
-    their checkpoints) and re-raises; so does any other exception."""
+    """Train the seeds that need it, ``jobs`` at a time with ``threads`` torch threads each, reporting each start and
+    end (and every PROGRESS_SECONDS the last line of each running seed), and call ``on_finished`` with each seed that
+    finishes (so that an interrupted experiment keeps the results of its finished seeds). On KeyboardInterrupt, stops
+    the running children (they save their checkpoints) and re-raises; so does any other exception."""
     queue = [run for run in runs if run.action in ("new", "resume")]
-    threads = max(1, usable_cores() // jobs)
     running: list[Seed] = []
     last_report = time.time()
     try:
@@ -396,6 +400,16 @@ def stop(running: list[Seed]) -> None:
             say(run, f"stopped (exit code {run.process.returncode}): {kept}")
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def reports_success(run: Seed) -> bool:
+    """Whether a finished seed's task reports success: an episode of its evaluation does, or, where every one was cut
+    at the step limit, its training's success curve (from its record of this training, else its summaries) does."""
+    if any("success" in result for result in run.evaluation):
+        return True
+    if run.record is not None and run.record["summary_dir"] == run.checkpoint["summary_dir"]:
+        return bool(run.record["curves"].get(SUCCESS_CURVE))
+    return bool(read_scalars(run.checkpoint["summary_dir"], SUCCESS_CURVE))
 
 
 def reusable_evaluation(run: Seed, evaluation: Evaluation) -> bool:

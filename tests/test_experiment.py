@@ -367,3 +367,45 @@ def test_report_of_falls_after_solving(capsys: pytest.CaptureFixture, reached: i
     experiment_report.print_report([], summary)
     out = capsys.readouterr().out
     assert expected in out and ("0 of 0" not in out)
+
+
+def finished_seed(seed: int, evaluation: list[dict[str, float]], success_curve: list[list[float]]) -> seeds.Seed:
+    """A finished seed with its record: its evaluation episodes and its training's success curve."""
+    run = seeds.Seed(seed, f"{EXPERIMENT}/seed-{seed}", action="finished", evaluation=evaluation)
+    run.checkpoint = {"summary_dir": f"summaries/{EXPERIMENT}/seed-{seed}/0"}
+    run.record = {"summary_dir": run.checkpoint["summary_dir"], "curves": {seeds.SUCCESS_CURVE: success_curve}}
+    return run
+
+
+CUT = {"reward": -1.0, "length": 64.0, "evaluation_cut": 1.0}
+
+
+def test_a_seed_with_every_evaluation_episode_cut_keeps_the_success_metric() -> None:
+    """One seed's episodes all ran into the step limit: the experiment still reports success, that seed's 0."""
+    ended = finished_seed(0, [{"reward": 1.0, "length": 5.0, "success": 1.0, "evaluation_cut": 0.0}], [[32, 1.0]])
+    stuck = finished_seed(1, [dict(CUT), dict(CUT)], [])  # its training ended no episode either
+    assert experiment.evaluation_metric([ended, stuck]) == "success"
+    assert [result["success"] for result in stuck.evaluation] == [0.0, 0.0]
+    assert experiment.evaluation_metric([finished_seed(2, [{"reward": 3.0, "length": 5.0}], [])]) == "reward"
+
+
+def test_a_seed_whose_training_reported_success_counts_its_cut_episodes_as_failures() -> None:
+    assert seeds.reports_success(finished_seed(0, [dict(CUT)], [[32, 0.5]]))
+    assert not seeds.reports_success(finished_seed(0, [dict(CUT)], []))
+
+
+def test_threads_per_seed(tmp_path: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """--threads is each seed's, shown in --help; without it train.py's load-aware rule shares the free cores among the
+    seeds that train at once."""
+    with pytest.raises(SystemExit):
+        experiment.main(["--help"])
+    assert "--threads=<n>" in capsys.readouterr().out
+    monkeypatch.chdir(tmp_path)
+    given, shares = [], []
+    monkeypatch.setattr(experiment, "run_seeds", lambda runs, path, sets, updates, jobs, threads, *rest: given.append(threads))
+    monkeypatch.setattr(experiment, "default_threads", lambda trainings: shares.append(trainings) or 5)
+    argv = [f"--config={CONFIG}", "--run-id=x", "--cpu"]
+    experiment.main([*argv, "--seeds=0-2", "--threads=3"])
+    experiment.main([*argv, "--seeds=0-2", "--jobs=2"])
+    experiment.main([*argv, "--seeds=0", "--jobs=2"])  # one seed to train: all the free cores
+    assert given == [3, 5, 5] and shares == [2, 1]
