@@ -267,11 +267,11 @@ def train(argv: list[str] | None, ranks: Ranks, held: contextlib.ExitStack) -> i
                 f"To train longer: python train.py --resume={resume} --set updates=N (N > {checkpoint['update']})"
             )
             return 0
+        check_writable(MODELS_DIR)  # where the run's lock goes
         hold_run(run_id, argv, ranks, held)
         if checkpoint is None and not args["--overwrite"]:
             check_new_run(run_id)
-        for folder in (MODELS_DIR, SUMMARIES_DIR):
-            check_writable(folder)
+        check_writable(SUMMARIES_DIR)
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
         return 2
