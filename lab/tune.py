@@ -12,15 +12,18 @@ Options:
   --trials=<n>         Trials the study should hold; running the command again continues an interrupted study
                        up to this many [default: 20].
   --seeds=<k>          Seeds per trial, 0 .. k-1, the same for every trial [default: 2].
-  --jobs=<n>           Trials at a time; each seed gets max(1, cores // (jobs * seeds)) threads [default: 1].
+  --jobs=<n>           Trials at a time [default: 1].
+  --threads=<n>        torch threads of each seed's train.py (default: the cores that the load leaves free when the
+                       study starts, shared among its jobs x seeds trainings, at least 1 each: train.py's rule).
   --objective=<kind>   "auc": the mean of the per-update metric over the whole run (fast and stable both count);
                        "final": its mean over the last quarter of the updates [default: auc].
   --warmup=<fraction>  Share of the updates before the pruner may stop a trial; 1: no pruning; "final" starts at 1,
                        as its early curve does not tell the end (default: 0.25 with "auc", 1 with "final").
   --set=<key=value>    Override a config key in every trial, as in train.py (repeatable).
   --cpu                Train on the CPU even where CUDA is available.
-  --force-continue     Continue a study whose --config, --set, --seeds, --objective or search file differ from those
-                       it was started with (refused otherwise: its earlier scores were measured under those).
+  --force-continue     Continue a study whose resolved config (--config and --set with the defaults of the time),
+                       device, --seeds, --objective or search file differ from those it was started with (refused
+                       otherwise: its earlier scores were measured under those).
   -h --help            Show this help.
 
 A search file maps config keys (dotted, as --set writes them) to a range or a list of choices:
@@ -32,24 +35,29 @@ A search file maps config keys (dotted, as --set writes them) to a range or a li
 The metric of an update is the success rate of its finished episodes where the task reports one, else their mean
 reward. A trial's score is the interquartile mean over its seeds of each seed's objective. A new study's first
 trial is the base config as it is (where its values lie in the search space). A study records the settings it was
-started with (the base config with its --sets, --seeds, --objective and the search space); running its id again with
-others is refused, naming each difference, unless --force-continue is given. TPE samples the keys; a median
-pruner stops a trial whose running score (the objective of the updates so far) falls below the median of earlier
-trials at the same update. Values sampled again (TPE does, in a small space of choices) are not trained again: the
-trial takes the earlier trial's score, or is pruned as it was. Trials skip the periodic evaluations (eval_interval
-0) unless --set says otherwise. Seed k of trial n trains as run tune/<id>/trial-n/seed-k (models/ and summaries/
-as for train.py).
+started with (the resolved base config: its --sets and every default filled in; the device; --seeds, --objective and
+the search space); running its id again with others is refused, naming each difference, unless --force-continue is
+given. TPE samples the keys; a median pruner stops a trial whose running score (the objective of the updates so far)
+falls below the median of earlier trials at the same update. Values sampled again (TPE does, in a small space of
+choices) are not trained again: the trial takes the earlier trial's score, or is pruned as it was. Trials skip the
+periodic evaluations (eval_interval 0) unless --set says otherwise. Seed k of trial n trains as run
+tune/<id>/trial-n/seed-k (models/ and summaries/ as for train.py).
+
+While a trial trains, a line per update gives each seed's metric and the trial's running score; each seed's console
+output goes to models/tune/<id>/trial-n/seed-k.log line by line.
 
 Ctrl-C or SIGTERM stops a study within seconds: the running seeds are killed (their trials are trained again from the
 start on the next invocation, which continues the study); a seed that crashes fails its trial at once.
 
-At the end: results/tune/<id>/best.yaml (the base config with the best trial's values, a standalone config),
-trials.md (the best trials), importance.png (each key's importance for the score, by Optuna's default
-evaluator) and summary.json, whose content is also the last line printed.
+At the end: results/tune/<id>/best.yaml (the base config with the best trial's values, a standalone config with
+the base config's own updates and eval_interval, not the search's budget, which a comment names), trials.md (the
+best trials), importance.png (each key's importance for the score, by Optuna's default evaluator; marked as a rough
+guess below MIN_IMPORTANCE_TRIALS finished trials) and summary.json, whose content is also the last line printed.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -64,15 +72,15 @@ import warnings
 
 import numpy as np
 import optuna
+import torch
 import yaml
 
 from cli import ROOT, parse_args
-from config import ConfigError, apply_overrides, flatten, parse_overrides, read_yaml, validate_config
+from config import ConfigError, apply_overrides, flatten, parse_overrides, read_yaml, validate_config, with_saved_defaults
 from evaluation import interquartile_mean
 from lab.experiment import check_run_id, number
 from lab.seeds import child_environment
-from train import config_path
-from worker import usable_cores
+from train import config_path, default_threads
 
 TRAIN = os.path.join(ROOT, "train.py")
 TUNE_DIR = os.path.join("results", "tune")
@@ -80,6 +88,12 @@ LINE = re.compile(r"^update\s+(\d+)/\d+\s")  # summaries.console_line
 METRIC = re.compile(r"\s(reward|success)\s+(-?[\d.]+)")
 STOP_SECONDS = 60  # how long a stopped seed may take to save before it is killed
 TOP_TRIALS = 10  # rows of trials.md
+# Fewer finished trials than this make the importances a rough guess: Optuna's default evaluator (fANOVA) fits a random
+# forest to the trials' values and scores, and on a handful of points one lucky trial decides the ranking.
+MIN_IMPORTANCE_TRIALS = 10
+# Keys that set a trial's budget rather than what it learns: best.yaml keeps the base config's own (the trials train
+# with the study's --set updates=..., and without the periodic evaluations, eval_interval 0).
+BUDGET_KEYS = ("updates", "eval_interval")
 STOPPING = threading.Event()  # set on Ctrl-C/SIGTERM: trials running in worker threads (--jobs > 1) stop their seeds
 POLL_SECONDS = 0.2
 # A seed's train.py runs in a process group of its own (a terminal's Ctrl-C reaches tune.py alone, which stops it), so
@@ -217,6 +231,7 @@ class SeedRun:
         with open(self.log_path, "w") as log:
             for line in self.process.stdout:
                 log.write(line)
+                log.flush()  # a long trial's log is read while it trains
                 if line.strip():
                     self.tail = line.strip()
                 parsed = parse_line(line)
@@ -254,10 +269,13 @@ class SeedRun:
 class Study:
     """A study's files, settings and objective."""
 
-    def __init__(self, args: dict, base: dict, space: dict[str, dict], path: str) -> None:
+    def __init__(self, args: dict, base: dict, space: dict[str, dict], path: str, raw: dict | None = None) -> None:
+        """``base``: the config of every trial (the file with --set and the search's budget); ``raw``: the file's own
+        mapping, whose budget (BUDGET_KEYS) best.yaml keeps (default: ``base``)."""
         self.id = args["--study"]
         self.folder = os.path.join(TUNE_DIR, self.id)
         self.path, self.base, self.space = path, base, space
+        self.raw = base if raw is None else raw
         self.sets = list(args["--set"])
         self.seeds = number(args, "--seeds", int, 1)
         self.jobs = number(args, "--jobs", int, 1)
@@ -270,8 +288,12 @@ class Study:
         else:
             self.warmup = number(args, "--warmup", float, 0)
         self.cpu = bool(args["--cpu"])
+        self.device = "cuda" if torch.cuda.is_available() and not self.cpu else "cpu"  # as train.py chooses
         self.updates = validate_config(base).updates
-        self.threads = max(1, usable_cores() // (self.jobs * self.seeds))
+        if args["--threads"] is None:
+            self.threads = default_threads(self.jobs * self.seeds)
+        else:
+            self.threads = number(args, "--threads", int, 1)
 
     def command(self, trial: int, seed: int, values: dict[str, object]) -> list[str]:
         sets = [f"--set={key}={json.dumps(value)}" for key, value in values.items()]
@@ -319,8 +341,9 @@ class Study:
                     raise RuntimeError(failure(crashed[0], runs[crashed[0]]))
                 done = min(len(run.curve) for run in runs)
                 if done > reported:
+                    for update in range(reported + 1, done + 1):  # several where the seeds ran ahead of this loop
+                        self.progress(trial, runs, update)
                     reported = done
-                    trial.report(interquartile_mean([score(run.curve[:done], self.objective) for run in runs]), done)
                     if done < self.updates and trial.should_prune():
                         raise optuna.TrialPruned(f"pruned at update {done}")
         except BaseException as error:
@@ -345,20 +368,40 @@ class Study:
         print(f"trial {trial.number}: {value:.4f} (seeds {', '.join(f'{v:.3f}' for v in per_seed)})", flush=True)
         return value
 
+    def progress(self, trial: optuna.Trial, runs: list[SeedRun], update: int) -> None:
+        """Report the running score after ``update`` (which every seed finished) to the pruner, and print it with each
+        seed's metric."""
+        running = interquartile_mean([score(run.curve[:update], self.objective) for run in runs])
+        seeds = ", ".join(f"{run.curve[update - 1]:.3f}" for run in runs)
+        print(f"trial {trial.number}: update {update}/{self.updates}: seeds {seeds}, running score {running:.4f}", flush=True)
+        trial.report(running, update)
+
+
+# What a study records since 2026-12-07 besides the raw config: those recorded before lack them, and take the current.
+RECORDED_SINCE = ("resolved", "device")
+
 
 def recorded_settings(settings: Study) -> dict:
-    """What makes a study's scores comparable: the base config with its --sets, the seeds, the objective and the
-    search space, as JSON (the form they are stored in)."""
-    recorded = {"config": settings.path, "sets": settings.sets, "base": settings.base, "seeds": settings.seeds,
+    """What makes a study's scores comparable, as JSON (the form they are stored in): the resolved base config (the
+    file with its --sets and every default of this version filled in: a default that changes between two invocations
+    changes the trials as much as a --set), the device the seeds train on, the seeds, the objective and the search
+    space; also the file's path, its --sets and the raw config, which the messages name."""
+    recorded = {"config": settings.path, "sets": settings.sets, "base": settings.base,
+                "resolved": validate_config(settings.base).to_dict(), "device": settings.device, "seeds": settings.seeds,
                 "objective": settings.objective, "search": settings.space}  # fmt: skip
     return json.loads(json.dumps(recorded))
 
 
 def settings_differences(then: dict, now: dict) -> list[str]:
     """Each way the settings ``now`` differ from those a study was started with (``then``), as a line for an error.
-    The config's path alone does not count: the same config moved gives the same trials."""
+    The config's path alone does not count: the same config moved gives the same trials. Settings recorded before
+    the resolved config was are compared by their raw config."""
     differences = []
-    for what, old, new in (("config key", flatten(then["base"]), flatten(now["base"])),
+    if "resolved" in then:
+        old_config, new_config = completed(then["resolved"]), now["resolved"]
+    else:
+        old_config, new_config = then["base"], now["base"]
+    for what, old, new in (("config key", flatten(old_config), flatten(new_config)),
                            ("search key", then["search"], now["search"])):  # fmt: skip
         for key in sorted(set(old) | set(new)):
             if old.get(key, "absent") != new.get(key, "absent"):
@@ -367,16 +410,28 @@ def settings_differences(then: dict, now: dict) -> list[str]:
         differences.insert(
             0, f"config '{then['config']}' with --set {then['sets']} then, '{now['config']}' with --set {now['sets']} now"
         )
+    if "device" in then and then["device"] != now["device"]:
+        differences.append(f"device: {then['device']!r} then, {now['device']!r} now (--cpu, or a machine without CUDA)")
     for flag in ("seeds", "objective"):
         if then[flag] != now[flag]:
             differences.append(f"--{flag}: {then[flag]!r} then, {now[flag]!r} now")
     return differences
 
 
+def completed(resolved: dict) -> dict:
+    """A config resolved by an earlier version, with the keys added since: those whose default changed what a run
+    does (config.SAVED_DEFAULTS) as the runs before them did, the others at their default, which does not."""
+    try:
+        return validate_config(with_saved_defaults(resolved)).to_dict()
+    except ConfigError:  # a key since removed or renamed: compared as it was, it shows as a difference
+        return resolved
+
+
 def check_settings(study: optuna.Study, settings: Study, force: bool) -> None:
     """Record a new study's settings; refuse to continue a study under other settings (``SettingsError``) unless
     ``force``, which records the new settings and when they changed. A study from before settings were recorded
-    takes the current ones."""
+    takes the current ones; one from before the resolved config and the device were (RECORDED_SINCE) is checked by
+    what it recorded, and takes the current ones of the rest."""
     now = recorded_settings(settings)
     then = study.user_attrs.get("settings")
     if then is None:
@@ -387,6 +442,11 @@ def check_settings(study: optuna.Study, settings: Study, force: bool) -> None:
         return
     differences = settings_differences(then, now)
     if not differences:
+        missing = [key for key in RECORDED_SINCE if key not in then]
+        if missing:
+            print(f"study {settings.id} recorded no {' and no '.join(missing)} (started before they were recorded): "
+                  "recording the current ones", flush=True)  # fmt: skip
+            study.set_user_attr("settings", now)
         return
     if not force:
         raise SettingsError(
@@ -504,12 +564,13 @@ def report(study: optuna.Study, settings: Study) -> dict:
         return summary
     best = max(complete, key=lambda trial: trial.value)
     best_path = os.path.join(settings.folder, "best.yaml")
-    config = apply_overrides(settings.base, best.params)
+    config = best_config(settings, best.params)
     with open(best_path, "w") as file:
         file.write(
             f"# Best trial ({best.number}) of study {settings.id}: score {best.value:.4f} ({settings.objective}, IQM over "
             f"{settings.seeds} seeds), from {settings.path} with {', '.join(settings.sets) or 'no --set'}.\n"
             f"# Searched: {', '.join(settings.space)}. Report: {settings.folder}/trials.md\n"
+            f"# {budget_note(settings, config)}\n"
         )
         for change in study.user_attrs.get("forced_continue", []):
             file.write(f"# Continued under other settings (--force-continue) after {change['after_trials']} trials, "
@@ -537,14 +598,50 @@ def report(study: optuna.Study, settings: Study) -> dict:
         lines.append(
             f"| {number} | {trial.value:.4f} | {per_seed} | {trial.user_attrs.get('seconds', 0) / 60:.1f} | {params} |"
         )
+    importances = importance_figure(study, os.path.join(settings.folder, "importance.png"))
+    summary["importance_warning"] = importance_warning(len(distinct)) if importances is not None else None
+    if summary["importance_warning"]:
+        lines += ["", f"Importance (importance.png, summary.json): {summary['importance_warning']}."]
+        print(f"warning: importance: {summary['importance_warning']}", flush=True)
     with open(os.path.join(settings.folder, "trials.md"), "w") as file:
         file.write("\n".join(lines) + "\n")
-    importances = importance_figure(study, os.path.join(settings.folder, "importance.png"))
     summary["best"] = {"trial": best.number, "score": best.value, "params": best.params, "config": best_path}
     base = [trial for trial in study.get_trials(deepcopy=False) if trial.user_attrs.get("base")]
     summary["base"] = {"trial": base[0].number, "state": base[0].state.name.lower(), "score": base[0].value} if base else None
     summary["importance"] = importances
     return summary
+
+
+def best_config(settings: Study, params: dict[str, object]) -> dict:
+    """The config to train with the values ``params`` of a trial: the base config with its --sets and ``params``,
+    but with the config file's own budget (each of BUDGET_KEYS as the file says, or its default), not the search's."""
+    config = copy.deepcopy(settings.base)
+    for key in BUDGET_KEYS:
+        if key in settings.raw:
+            config[key] = settings.raw[key]
+        else:
+            config.pop(key, None)
+    return apply_overrides(config, params)
+
+
+def budget_note(settings: Study, config: dict) -> str:
+    """A line for best.yaml: the budget the trials trained with, and the one ``config`` keeps."""
+    trials, kept = validate_config(settings.base).to_dict(), validate_config(config).to_dict()
+    return (
+        f"The trials trained with {', '.join(f'{key} {trials[key]}' for key in BUDGET_KEYS)} (the search's budget); this "
+        f"config keeps {settings.path}'s own: {', '.join(f'{key} {kept[key]}' for key in BUDGET_KEYS)}."
+    )
+
+
+def importance_warning(trials: int) -> str | None:
+    """What to say of importances computed from ``trials`` finished trials (distinct values): None from
+    MIN_IMPORTANCE_TRIALS on."""
+    if trials >= MIN_IMPORTANCE_TRIALS:
+        return None
+    return (
+        f"from {trials} finished trial{'s' if trials != 1 else ''} only (fewer than {MIN_IMPORTANCE_TRIALS}): a rough "
+        "guess, which more trials may overturn"
+    )
 
 
 def shown(value: object) -> str:
@@ -581,6 +678,7 @@ def importance_figure(study: optuna.Study, path: str) -> dict[str, float] | None
 def main(argv: list[str] | None = None) -> int:
     """``python -m lab.tune`` with the command-line arguments ``argv`` (default: sys.argv[1:]); returns the exit code."""
     args = parse_args(__doc__, argv)
+    STOPPING.clear()  # an earlier main() of this process that was interrupted left it set
     missing = [flag for flag in ("--config", "--search", "--study") if args[flag] is None]
     if missing:
         print(
@@ -597,7 +695,7 @@ def main(argv: list[str] | None = None) -> int:
             base["eval_interval"] = 0
         validate_config(base)
         space = load_search(args["--search"], base)
-        settings = Study(args, base, space, path)
+        settings = Study(args, base, space, path, raw)
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
         return 2

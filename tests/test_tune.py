@@ -12,9 +12,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import optuna
 import pytest
+import torch
 import yaml
 
 from cli import module_environment, parse_args
@@ -75,7 +77,9 @@ def test_tiny_search_end_to_end(tmp_path: str) -> None:
     best = load_config(os.path.join(folder, "best.yaml"))  # a standalone config
     assert best.learning_rate_schedule.initial == pytest.approx(summary["best"]["params"]["learning_rate_schedule.initial"])
     assert best.transformer.query_position == summary["best"]["params"]["transformer.query_position"]
-    assert best.updates == 2 and best.eval_interval == 0 and best.transformer.embed_dim == 16
+    own = load_config(os.path.join(ROOT, "configs", "poc_memory_env.yaml"))  # its budget, not the search's
+    assert (best.updates, best.eval_interval) == (own.updates, own.eval_interval) and best.transformer.embed_dim == 16
+    assert "trial 1: update 2/2: seeds" in result.stdout
     table = open(os.path.join(folder, "trials.md")).read()
     assert "| trial | score |" in table and table.count("\n| ") >= 3
     # The first trial is the config as it is, marked as such.
@@ -357,3 +361,189 @@ def test_a_trial_of_a_live_tune_is_not_requeued() -> None:
     assert states[live.number] == optuna.trial.TrialState.RUNNING and states[dead.number] == optuna.trial.TrialState.FAIL
     waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
     assert [(trial.system_attrs["fixed_params"], trial.user_attrs.get("base")) for trial in waiting] == [({"x": 1}, True)]
+
+
+SPACE = {"transformer.query_position": {"choices": [True, False]}}
+STATS = {"policy_loss": 0.1, "value_loss": 0.2, "entropy": 1.0, "approx_kl": 0.01, "kl_stop": 0}
+
+
+def study_settings(*flags: str) -> tune.Study:
+    """A study's settings as tune.main builds them (without the search's eval_interval 0), over SPACE."""
+    args = parse_args(tune.__doc__, ["--config=configs/poc_memory_env.yaml", "--search=s.yaml", "--study=s", *flags])
+    path = tune.config_path(args["--config"])
+    raw = tune.read_yaml(path, "config")
+    return tune.Study(args, tune.apply_overrides(raw, tune.parse_overrides(args["--set"])), SPACE, path, raw)
+
+
+def fake_seed(lines: list[str]) -> list[str]:
+    """The command of a stand-in for a seed's train.py that prints ``lines`` and ends."""
+    return [sys.executable, "-c", f"import sys; sys.stdout.write({''.join(line + chr(10) for line in lines)!r})"]
+
+
+def test_a_changed_default_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same YAML and --sets resolve to another config once a default changed (transformer.recency_bias did):
+    continuing the study is refused, naming the key; --force-continue continues it."""
+    import config
+
+    study = optuna.create_study(direction="maximize")
+    tune.check_settings(study, study_settings(), force=False)
+    assert study.user_attrs["settings"]["resolved"]["transformer"]["recency_bias"] is True
+    meaning = config.TRANSFORMER_SCHEMA["recency_bias"][3]
+    monkeypatch.setitem(config.TRANSFORMER_SCHEMA, "recency_bias", (bool, False, None, meaning))
+    with pytest.raises(tune.SettingsError) as refused:
+        tune.check_settings(study, study_settings(), force=False)
+    assert "config key 'transformer.recency_bias': True then, False now" in str(refused.value)
+    tune.check_settings(study, study_settings(), force=True)
+    assert study.user_attrs["settings"]["resolved"]["transformer"]["recency_bias"] is False
+
+
+def test_another_device_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A study started on CUDA, continued with --cpu (or on a machine without CUDA), would mix the devices' scores."""
+    monkeypatch.setattr(tune.torch.cuda, "is_available", lambda: True)
+    study = optuna.create_study(direction="maximize")
+    tune.check_settings(study, study_settings(), force=False)
+    with pytest.raises(tune.SettingsError, match="device: 'cuda' then, 'cpu' now"):
+        tune.check_settings(study, study_settings("--cpu"), force=False)
+
+
+def test_settings_recorded_before_the_resolved_config_take_the_current_one(capsys: pytest.CaptureFixture) -> None:
+    study = optuna.create_study(direction="maximize")
+    old = {key: value for key, value in tune.recorded_settings(study_settings()).items() if key not in tune.RECORDED_SINCE}
+    study.set_user_attr("settings", old)
+    tune.check_settings(study, study_settings(), force=False)
+    assert "recorded no resolved and no device" in capsys.readouterr().out
+    assert set(tune.RECORDED_SINCE) <= set(study.user_attrs["settings"])
+    with pytest.raises(tune.SettingsError, match="config key 'gamma': 0.99 then, 0.9 now"):
+        tune.check_settings(study, study_settings("--set=gamma=0.9"), force=False)
+
+
+def test_a_second_main_after_an_interrupt_runs(tmp_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An interrupted main() leaves the stop flag set; the next main() in the same process must clear it, not return 130
+    at once."""
+    monkeypatch.chdir(tmp_path)
+    with open("search.yaml", "w") as file:
+        file.write("transformer.query_position: {choices: [true]}\n")
+    line = console_line(1, 1, 32, 100.0, {"reward": 1.0, "length": 5.0, "success": 1.0}, STATS)
+    monkeypatch.setattr(tune.Study, "command", lambda self, trial, seed, values: fake_seed([line]))
+    tune.STOPPING.set()  # as _raise_interrupt leaves it
+    argv = ["--config=configs/poc_memory_env.yaml", "--search=search.yaml", "--study=again", "--trials=1", "--seeds=1"]
+    assert tune.main([*argv, "--set=updates=1", "--cpu"]) == 0
+    assert not tune.STOPPING.is_set()
+
+
+def test_a_trial_prints_its_progress_per_update(
+    tmp_path: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    settings = study_settings("--seeds=2", "--set=updates=2")
+    episodes = [{"reward": 1.0, "length": 5.0, "success": value} for value in (0.5, 1.0, 0.25, 0.75)]
+    lines = [[console_line(update + 1, 2, 32, 100.0, episodes[2 * seed + update], STATS) for update in (0, 1)]
+             for seed in (0, 1)]  # fmt: skip
+    monkeypatch.setattr(settings, "command", lambda trial, seed, values: fake_seed(lines[seed]))
+    study = optuna.create_study(direction="maximize")
+    study.optimize(settings, n_trials=1)
+    out = capsys.readouterr().out
+    assert "trial 0: update 1/2: seeds 0.500, 0.250, running score 0.3750" in out
+    assert "trial 0: update 2/2: seeds 1.000, 0.750, running score 0.6250" in out
+
+
+def test_a_seed_log_is_written_while_the_seed_runs(tmp_path: str) -> None:
+    """The log of a seed that printed a line and trains on holds that line (it was 0 bytes until the seed ended)."""
+    go = os.path.join(tmp_path, "go")
+    script = f"import os, time; print('update    1/9', flush=True)\nwhile not os.path.exists({go!r}): time.sleep(0.05)"
+    log = os.path.join(tmp_path, "seed-0.log")
+    run = tune.SeedRun([sys.executable, "-c", script], 1, log)
+    try:
+        deadline = time.time() + 20
+        while not os.path.exists(log) or "update    1/9" not in open(log).read():
+            assert time.time() < deadline, "the seed's first line did not reach its log while it ran"
+            time.sleep(0.05)
+        assert run.process.poll() is None
+    finally:
+        open(go, "w").close()
+        run.process.wait(timeout=20)
+        run.reader.join(timeout=10)
+
+
+def test_best_yaml_keeps_the_base_configs_budget() -> None:
+    """The trials train with the search's updates and eval_interval 0; best.yaml is the config to train, with the
+    file's own budget (and the other --sets and the best values)."""
+    settings = study_settings("--set=updates=2", "--set=eval_interval=0", "--set=gamma=0.9")
+    best = tune.best_config(settings, {"transformer.query_position": False})
+    own = load_config(os.path.join(ROOT, "configs", "poc_memory_env.yaml"))
+    config = tune.validate_config(best)
+    assert (config.updates, config.eval_interval) == (own.updates, own.eval_interval) != (2, 0)
+    assert config.gamma == 0.9 and config.transformer.query_position is False
+    note = tune.budget_note(settings, best)
+    assert "trained with updates 2, eval_interval 0" in note and f"own: updates {own.updates}," in note
+
+
+def test_importance_from_few_trials_is_marked_a_rough_guess(
+    tmp_path: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    settings = study_settings("--set=updates=2")
+    settings.space = {"learning_rate_schedule.initial": {"low": 1e-4, "high": 1e-3}, **SPACE}
+    distributions = {
+        "learning_rate_schedule.initial": optuna.distributions.FloatDistribution(1e-4, 1e-3),
+        "transformer.query_position": optuna.distributions.CategoricalDistribution([True, False]),
+    }
+    study = optuna.create_study(direction="maximize")
+    for k in range(4):
+        params = {"learning_rate_schedule.initial": 1e-4 * (k + 1), "transformer.query_position": k % 2 == 0}
+        study.add_trial(optuna.trial.create_trial(params=params, distributions=distributions, value=float(k)))
+    os.makedirs(settings.folder)
+    summary = tune.report(study, settings)
+    assert summary["importance"] is not None
+    assert "from 4 finished trials only (fewer than 10)" in summary["importance_warning"]
+    assert "warning: importance: from 4 finished trials" in capsys.readouterr().out
+    assert "fewer than 10" in open(os.path.join(settings.folder, "trials.md")).read()
+    assert tune.importance_warning(tune.MIN_IMPORTANCE_TRIALS) is None
+    assert "eval_interval" in open(os.path.join(settings.folder, "best.yaml")).read()
+
+
+def test_threads_per_seed(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """--threads is each seed's, shown in --help; without it the load-aware rule of train.py shares the free cores
+    among the jobs x seeds trainings."""
+    with pytest.raises(SystemExit):
+        parse_args(tune.__doc__, ["--help"])
+    assert "--threads=<n>" in capsys.readouterr().out
+    assert study_settings("--threads=3").threads == 3
+    shares = []
+    monkeypatch.setattr(tune, "default_threads", lambda trainings: shares.append(trainings) or 1)
+    assert study_settings("--jobs=2", "--seeds=3").threads == 1 and shares == [6]
+
+
+def test_a_training_gives_up_threads_to_trainings_started_beside_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """train.py's load-aware threads (the rule lab.tune and lab.experiment share), decided again between updates: the
+    load of other processes (the load average less the training's own CPU use) takes threads away, and gives them back
+    up to the first choice once it falls."""
+    import train
+
+    clock = {"wall": 0.0, "cpu": 0.0, "load": 0.1}
+    monkeypatch.setattr(train, "usable_cores", lambda: 2)
+    monkeypatch.setattr(train, "load_average", lambda: clock["load"])
+    monkeypatch.setattr(train, "time", SimpleNamespace(monotonic=lambda: clock["wall"], process_time=lambda: clock["cpu"]))
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        threads = train.LoadThreads()
+        step = threads.between_updates(lambda: torch.get_num_threads())
+        assert threads.threads == 2 and step() == 2
+
+        def later(load: float, own: float) -> int:
+            """An update after LOAD_CHECK_SECONDS in which the training used ``own`` cores and the load was ``load``."""
+            clock["wall"] += train.LOAD_CHECK_SECONDS
+            clock["cpu"] += own * train.LOAD_CHECK_SECONDS
+            clock["load"] = load
+            return step()
+
+        assert later(load=2.0, own=2.0) == 2  # its own load alone
+        assert later(load=3.0, own=1.6) == 1  # a sibling started: 1.4 cores busy besides
+        assert "threads 2 -> 1" in capsys.readouterr().out
+        assert later(load=2.0, own=1.0) == 1
+        assert later(load=1.2, own=1.0) == 2  # the sibling ended
+    finally:
+        torch.set_num_threads(previous)
