@@ -123,7 +123,7 @@ class RolloutCollector:
             final_values[index] = self.values(final_obs, index)
         rewards = torch.as_tensor(result.rewards, dtype=torch.float32, device=self.device)
         self.buffer.record_outcome(t, rewards, terminated, truncated, final_values)
-        self.state.end_episodes(terminated | truncated)
+        self.state.end_episodes(result.terminated | result.truncated)  # the host's arrays: the memory need not ask the device
         self.obs = self.model.prepare(result.obs)
 
     def update_observation_statistics(self) -> None:

@@ -293,9 +293,14 @@ class Transformer(nn.Module):
         if self.recency_bias:
             self.register_buffer("alibi_slopes", alibi_slopes(config.num_heads).view(1, -1, 1, 1), persistent=False)
 
-    def position_encoding(self, steps: torch.Tensor) -> torch.Tensor | None:
+    def position_encoding(self, steps: torch.Tensor, max_step: int | None = None) -> torch.Tensor | None:
         """Per-block encoding (B, S, K, D) added to memory tokens at episode ``steps`` (B, S), or None where the
-        encoding adds nothing to the tokens (none, "rotary", "alibi")."""
+        encoding adds nothing to the tokens (none, "rotary", "alibi").
+
+        ``max_step``: an upper bound of ``steps`` that the host knows (the rollout's, ``TrXLState.largest_step``), so
+        that "learned" need not ask the device whether a step lies beyond its table (a synchronisation on a GPU);
+        None: it asks.
+        """
         kind = self.config.positional_encoding
         if kind == "relative":
             encoding = sinusoidal_encoding(steps, self.config.embed_dim).unsqueeze(2)  # (B, S, 1, D)
@@ -303,31 +308,36 @@ class Transformer(nn.Module):
         if kind == "learned":
             encoding = self.learned_positions[steps.clamp(0, LEARNED_POSITIONS - 1)]  # (B, S, D)
             beyond = steps >= LEARNED_POSITIONS  # (B, S) steps the table has no row for (Endless tasks)
-            if bool(beyond.any()):
+            any_beyond = max_step >= LEARNED_POSITIONS if max_step is not None else bool(beyond.any())
+            if any_beyond:
                 # Sharing the last row would make all later steps look alike; the sinusoid keeps them apart.
                 encoding = torch.where(beyond.unsqueeze(-1), sinusoidal_encoding(steps, self.config.embed_dim), encoding)
             return encoding.unsqueeze(2).expand(-1, -1, self.config.num_blocks, -1)  # the same for every block
         return None
 
-    def key_positions(self, steps: torch.Tensor) -> KeyPositions:
-        """How memory tokens at episode ``steps`` (B, S) carry their position into every block's keys and values."""
+    def key_positions(self, steps: torch.Tensor, max_step: int | None = None) -> KeyPositions:
+        """How memory tokens at episode ``steps`` (B, S) carry their position into every block's keys and values
+        (``max_step``: see ``position_encoding``)."""
         rotation = None
         if self.config.positional_encoding == "rotary":
             rotation = rotary_angles(steps, self.config.embed_dim // self.config.num_heads)
-        return KeyPositions(self.position_encoding(steps), rotation)
+        return KeyPositions(self.position_encoding(steps, max_step), rotation)
 
-    def project_memory(self, memory: torch.Tensor, steps: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def project_memory(
+        self, memory: torch.Tensor, steps: torch.Tensor, max_step: int | None = None
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Keys and values of every block's memory.
 
         Args:
             memory: (B, S, K, D) memory tokens (any float dtype; computed in float32).
             steps: (B, S) episode step of each token.
+            max_step: an upper bound of ``steps`` known on the host, or None (see ``position_encoding``).
 
         Returns:
             K pairs (k, v), each (B, H, S, d).
         """
         memory = memory.float()
-        positions = self.key_positions(steps)
+        positions = self.key_positions(steps, max_step)
         return [self.project_block(i, memory[:, :, i], positions) for i in range(len(self.blocks))]
 
     def project_block(self, i: int, memory: torch.Tensor, positions: KeyPositions) -> tuple[torch.Tensor, torch.Tensor]:
@@ -350,6 +360,7 @@ class Transformer(nn.Module):
         return_weights: bool = False,
         query_steps: torch.Tensor | None = None,
         key_steps: torch.Tensor | None = None,
+        max_step: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor] | None]:
         """Run the blocks: the one block loop of every path (rollout, training chunks, plain windows).
 
@@ -361,6 +372,7 @@ class Transformer(nn.Module):
             return_weights: also return each block's attention weights.
             query_steps: (B, Q) episode step of each query; needed with ``query_position``, "rotary" and "alibi".
             key_steps: (B, S) episode step of each memory slot; needed with "alibi" (its bias is by distance).
+            max_step: an upper bound of ``query_steps`` known on the host, or None (see ``position_encoding``).
 
         Returns:
             out (B, Q, D); tokens (B, Q, K, D), the block inputs, i.e. the new memory tokens of these steps;
@@ -374,7 +386,7 @@ class Transformer(nn.Module):
         query = self.config.query_position and self.config.positional_encoding in ("relative", "learned")
         if query and query_steps is None:
             raise ValueError("transformer.query_position needs the episode step of each query: pass query_steps")
-        query_positions = self.position_encoding(query_steps) if query else None  # (B, Q, K, D)
+        query_positions = self.position_encoding(query_steps, max_step) if query else None  # (B, Q, K, D)
         for i, block in enumerate(self.blocks):
             tokens.append(h)
             k, v = source(i, h)

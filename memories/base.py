@@ -12,7 +12,7 @@ Step by step (rollouts, bootstrap values, evaluation), one stream per worker::
     memory.sync(state)                         # after the weights changed (each rollout starts with it)
     out = memory.step(h, state, index)         # h (n, D) -> MemoryOutput: features (n, D) for the heads, a record
     memory.commit(state, out.record)           # the step was taken: remember it and advance the episode step
-    state.end_episodes(done)                   # (N,) workers whose episode ended start afresh
+    state.end_episodes(done)                   # (N,) workers whose episode ended start afresh (a host array)
 
 (``ActorCriticModel.act`` is the one place the step, the choice of actions and the commit are written.)
 
@@ -64,8 +64,13 @@ class MemoryState(ABC):
     """Per-worker memory for stepping through episodes."""
 
     @abstractmethod
-    def end_episodes(self, done: torch.Tensor) -> None:
-        """Start a new episode for the workers where ``done`` (N,) is True: nothing of the old one stays visible."""
+    def end_episodes(self, done: np.ndarray | torch.Tensor) -> None:
+        """Start a new episode for the workers where ``done`` (N,) is True: nothing of the old one stays visible.
+
+        ``done`` is a host (numpy) array where the caller has one, as the rollout has the environments' answer: a
+        state that keeps something on the host (TrXL: the episode steps) reads it there without waiting for the
+        device; a tensor on the state's device works as well, at the cost of that wait.
+        """
 
     @abstractmethod
     def state_dict(self) -> dict[str, torch.Tensor]:

@@ -58,7 +58,8 @@ class RecurrentState(MemoryState):
         self.hidden = torch.zeros(n_workers, layers, width, dtype=dtype, device=device)
         self.fresh = torch.ones(n_workers, dtype=torch.bool, device=device)
 
-    def end_episodes(self, done: torch.Tensor) -> None:
+    def end_episodes(self, done: np.ndarray | torch.Tensor) -> None:
+        done = torch.as_tensor(done, device=self.hidden.device)
         # Elementwise, not a boolean-mask write: no host synchronisation on a GPU.
         self.hidden.mul_((~done).view(-1, 1, 1).to(self.hidden.dtype))
         self.fresh |= done
@@ -208,7 +209,7 @@ class RecurrentMemory(Memory):
 class NoState(MemoryState):
     """Nothing to remember."""
 
-    def end_episodes(self, done: torch.Tensor) -> None:
+    def end_episodes(self, done: np.ndarray | torch.Tensor) -> None:
         pass
 
     def state_dict(self) -> dict[str, torch.Tensor]:

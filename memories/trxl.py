@@ -120,8 +120,10 @@ class EpisodicLayout:
         """(N, L) ring slots visible at episode steps (N,)."""
         return ring_mask(episode_steps, self.length)
 
-    def ring_span(self, episode_steps: torch.Tensor) -> int:
-        """How many leading ring slots can be visible to any of the workers: slot j holds step j until the ring wraps."""
+    def ring_span(self, episode_steps: np.ndarray) -> int:
+        """How many leading ring slots can be visible to any of the workers at episode steps (N,), as the host knows
+        them (``TrXLState.host_steps``, so that no step waits for the device): slot j holds step j until the ring
+        wraps."""
         return max(1, min(self.length, int(episode_steps.max())))
 
     def ring_order(self, episode_step: int) -> np.ndarray:
@@ -208,10 +210,17 @@ class TrXLContext(NamedTuple):
 class TrXLState(MemoryState):
     """Per-worker rings of the last L memory tokens, with the fast path's K/V cache.
 
+    The episode steps are kept twice: on the device for the computations, and on the host, where the rollout knows
+    which episodes ended (``end_episodes`` takes its host array), so that a step asks the device nothing: how many
+    ring slots it reads (``EpisodicLayout.ring_span``) and whether a step lies beyond the learned positional table
+    are host arithmetic.
+
     Attributes:
         tokens: (N, L, K, D) raw memory tokens in the memory dtype, ring slot = episode step % L.
         token_steps: (N, L) episode step of each ring slot.
         episode_steps: (N,) episode step of each worker's current step.
+        host_steps: (N,) numpy int64, the same as ``episode_steps`` on the host.
+        largest_step: the largest episode step any worker has reached (tokens and current steps are at most it).
         episode_ids: (N,) running episode counter of each worker (unique per worker).
         keys_values: per block (N, H, L, d) cached keys and values (fast path), None until computed.
     """
@@ -221,13 +230,25 @@ class TrXLState(MemoryState):
         self.tokens = torch.zeros(n_workers, length, k, d, dtype=dtype, device=device)
         self.token_steps = torch.zeros(n_workers, length, dtype=torch.long, device=device)
         self.episode_steps = torch.zeros(n_workers, dtype=torch.long, device=device)
+        self.host_steps = np.zeros(n_workers, dtype=np.int64)
+        self.largest_step = 0
         self.episode_ids = torch.zeros(n_workers, dtype=torch.long, device=device)
         self.keys_values: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
-    def end_episodes(self, done: torch.Tensor) -> None:
+    def end_episodes(self, done: np.ndarray | torch.Tensor) -> None:
+        # A device tensor costs one synchronisation for the host's copy of the steps; the rollout passes its host array.
+        host_done = done if isinstance(done, np.ndarray) else done.cpu().numpy()
+        self.host_steps[host_done] = 0
+        done = torch.as_tensor(done, device=self.episode_steps.device)
         # Elementwise, not boolean-mask writes: no host synchronisation on a GPU.
         self.episode_steps.mul_(~done)
         self.episode_ids.add_(done)
+
+    def advance(self) -> None:
+        """Every worker's episode goes on to its next step (``TrXLMemory.commit``)."""
+        self.episode_steps += 1
+        self.host_steps += 1
+        self.largest_step = max(self.largest_step, int(self.host_steps.max()))
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         names = ("tokens", "token_steps", "episode_steps", "episode_ids")
@@ -236,6 +257,8 @@ class TrXLState(MemoryState):
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         for name, value in state.items():
             getattr(self, name).copy_(value)
+        self.host_steps = state["episode_steps"].cpu().numpy().astype(np.int64)
+        self.largest_step = int(max(state["episode_steps"].max(), state["token_steps"].max()))
         self.keys_values = None  # re-projected with the current weights on first use
 
 
@@ -335,7 +358,7 @@ class TrXLMemory(Memory):
         """Re-project the cached keys and values with the current weights (fast path)."""
         if self.path == "fast":
             with self.autocast():
-                keys_values = self.transformer.project_memory(state.tokens, state.token_steps)
+                keys_values = self.transformer.project_memory(state.tokens, state.token_steps, state.largest_step)
             # In the dtype attention computes in (float32 on the CPU also under bfloat16 autocast: the very values it
             # would convert them to), so that each step converts only its new keys and values, in commit, not the
             # whole cached window at every step.
@@ -347,21 +370,26 @@ class TrXLMemory(Memory):
     ) -> MemoryOutput:
         """Plain path: the whole window is projected, as the specification says. Fast path: only the first
         S = ``ring_span`` ring slots can be visible, so only their cached keys and values are passed on: attention
-        reads as much memory as the episodes have, not L slots."""
+        reads as much memory as the episodes have, not L slots.
+
+        Nothing here waits for the device: the span and the largest step come from the host's copy of the episode
+        steps (tests/test_host_syncs.py). The span is that of all workers also for a few ``index`` rows (their own
+        would need their steps on the host); the slots beyond a row's own span are masked.
+        """
         rows = slice(None) if index is None else index
         steps = state.episode_steps[rows]
         mask = self.layout.ring_mask(steps).unsqueeze(1)  # (n, 1, L)
         key_steps = state.token_steps[rows]  # (n, L)
         if self.path == "plain":
-            keys_values = self.transformer.project_memory(state.tokens[rows], key_steps)
+            keys_values = self.transformer.project_memory(state.tokens[rows], key_steps, state.largest_step)
         else:
             if state.keys_values is None:
                 self.sync(state)
-            span = self.layout.ring_span(steps)
+            span = self.layout.ring_span(state.host_steps)
             keys_values = [(k[rows, :, :span], v[rows, :, :span]) for k, v in state.keys_values]
             mask, key_steps = mask[..., :span], key_steps[:, :span]
         out, tokens, weights = self.transformer(
-            h.unsqueeze(1), keys_values, mask, return_attention, steps.unsqueeze(1), key_steps
+            h.unsqueeze(1), keys_values, mask, return_attention, steps.unsqueeze(1), key_steps, state.largest_step
         )
         # Copies: commit and end_episodes change the state in place, the record keeps this step's.
         return MemoryOutput(out[:, 0], TrXLRecord(tokens[:, 0], steps.clone(), state.episode_ids[rows].clone()), weights)
@@ -378,11 +406,13 @@ class TrXLMemory(Memory):
             if state.keys_values is None:
                 self.sync(state)
             with self.autocast():
-                new = self.transformer.project_memory(stored.unsqueeze(1), state.episode_steps.unsqueeze(1))  # (N, H, 1, d)
+                new = self.transformer.project_memory(
+                    stored.unsqueeze(1), state.episode_steps.unsqueeze(1), state.largest_step
+                )  # (N, H, 1, d)
             for (k, v), (new_k, new_v) in zip(state.keys_values, new, strict=True):
                 k[rows, :, slots] = new_k[:, :, 0].to(k.dtype)
                 v[rows, :, slots] = new_v[:, :, 0].to(v.dtype)
-        state.episode_steps += 1
+        state.advance()
 
     def trace(self, n_workers: int, worker_steps: int, device: torch.device) -> TrXLTrace:
         return TrXLTrace(self.layout, n_workers, worker_steps, self.config, self.memory_dtype, device)
@@ -485,5 +515,5 @@ class TrXLMemory(Memory):
         return MemoryOutput(out[:, 0], tokens[:, 0], weights)
 
     def attention_over_steps(self, state: TrXLState, attention: list[torch.Tensor], row: int = 0) -> list[np.ndarray]:
-        slots = self.layout.ring_order(int(state.episode_steps[row]))
+        slots = self.layout.ring_order(int(state.host_steps[row]))
         return [w[row, :, 0, slots].float().cpu().numpy() for w in attention]  # numpy has no bfloat16
