@@ -213,9 +213,9 @@ TRANSFORMER_SCHEMA: dict[str, tuple] = {
             "rows (episode steps beyond it get the sinusoidal encoding, so Endless episodes keep their steps "
             "apart). By the distance between the query's step and the memory token's: `rotary` turns each "
             "head's queries and keys by their steps (RoFormer; `embed_dim / num_heads` must be even), `alibi` "
-            "adds a fixed recency bias of -slope x distance per head (slopes 2^-8/H ... 2^-8), so step 400 "
-            "of an episode looks to attention like step 40 (`query_position` and `positional_values` do not "
-            "apply)"
+            "adds a fixed recency bias of -slope x distance per head (ALiBi's slopes: 2^-8/H ... 2^-8 for H a "
+            "power of two), so step 400 of an episode looks to attention like step 40 (`query_position` and "
+            "`positional_values` do not apply)"
         ),
     ),
     "layer_norm": (

@@ -114,8 +114,21 @@ def rotate(x: torch.Tensor, rotation: tuple[torch.Tensor, torch.Tensor]) -> torc
 
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:
-    """ALiBi's fixed slope per head, (H,): the geometric sequence 2^(-8 / H), 2^(-16 / H), ..., 2^(-8)."""
-    return torch.pow(2.0, -8.0 * torch.arange(1, num_heads + 1, dtype=torch.float32) / num_heads)
+    """ALiBi's fixed slope per head, (H,), as Press et al. (2022) define them.
+
+    For H a power of two, the geometric sequence 2^(-8 / H), 2^(-16 / H), ..., 2^(-8). For other H, not the geometric
+    sequence of H: the P slopes of the largest power of two P < H, followed by the first H - P of every other slope
+    of 2 P (its 1st, 3rd, ...: those that fall between the P slopes), as the paper's code does; e.g. H = 6:
+    2^-2, 2^-4, 2^-6, 2^-8, then 2^-1, 2^-3.
+    """
+
+    def geometric(n: int) -> torch.Tensor:
+        return torch.pow(2.0, -8.0 * torch.arange(1, n + 1, dtype=torch.float32) / n)
+
+    lower = 2 ** int(math.log2(num_heads))
+    if lower == num_heads:
+        return geometric(num_heads)
+    return torch.cat([geometric(lower), geometric(2 * lower)[0::2][: num_heads - lower]])
 
 
 class KeyPositions(NamedTuple):

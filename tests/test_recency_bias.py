@@ -1,0 +1,90 @@
+"""The direction of the recency bias (issue 65): a head with ALiBi's bias weighs newer steps more than older ones, by
+the slopes ALiBi defines.
+
+Equality of the fast and the plain path (tests/test_equivalence.py) cannot see a sign both share: attention that
+prefers the oldest steps passes it. Here the memory holds the same token in every ring slot, so that the tokens'
+content cannot decide, and the weights of a rollout step (``TrXLMemory.step``, read as ``attention_over_steps``:
+oldest first) are compared with -slope x distance.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import small_config
+
+from memories.trxl import TrXLState
+from model import ActorCriticModel
+from transformer import alibi_slopes
+
+L, STEP, HEADS, DIM = 6, 9, 4, 16  # a wrapped ring: episode step 9 sees steps 3..8, in ring slots step % 6
+DISTANCE = torch.arange(L, 0, -1).float()  # (L,) how long ago each visible step was, oldest first
+
+
+def make_model(positional_encoding: str, recency_bias: bool) -> ActorCriticModel:
+    torch.manual_seed(0)
+    options = {"positional_encoding": positional_encoding, "recency_bias": recency_bias, "query_position": True}
+    options.update(num_heads=HEADS, embed_dim=DIM, memory_length=L)
+    return ActorCriticModel(small_config(options), (3,), [3])
+
+
+def same_token_ring(model: ActorCriticModel) -> TrXLState:
+    """One worker at episode step ``STEP`` whose L ring slots hold one and the same token (per block)."""
+    state = model.memory.start(1, torch.device("cpu"))
+    saved = state.state_dict()
+    torch.manual_seed(1)
+    saved["tokens"][:] = torch.randn(saved["tokens"].shape[2:])  # (K, D) in every slot
+    steps = torch.arange(STEP - L, STEP)
+    saved["token_steps"][0, steps % L] = steps
+    saved["episode_steps"][:] = STEP
+    state.load_state_dict(saved)
+    return state
+
+
+def step_attention(model: ActorCriticModel) -> torch.Tensor:
+    """(K, H, L) attention of a rollout step over its visible past steps, oldest first, on ``same_token_ring``."""
+    state = same_token_ring(model)
+    with torch.no_grad():
+        out = model.memory.step(torch.randn(1, DIM, generator=torch.Generator().manual_seed(2)), state, return_attention=True)
+    return torch.stack([torch.as_tensor(w) for w in model.memory.attention_over_steps(state, out.attention)])
+
+
+def test_alibi_weighs_newer_steps_more_by_its_slopes() -> None:
+    # Same tokens, no position added to them: the scores differ by ALiBi's bias alone.
+    weights = step_attention(make_model("alibi", False))
+    assert (weights[..., 1:] > weights[..., :-1]).all(), "newer steps must weigh more, for every block and head"
+    expected = torch.softmax(-alibi_slopes(HEADS).unsqueeze(1) * DISTANCE, dim=-1)  # (H, L)
+    torch.testing.assert_close(weights, expected.expand_as(weights))
+
+
+@pytest.mark.parametrize("positional_encoding", ["relative", "learned", "rotary"])
+def test_recency_bias_on_an_encoding_weighs_newer_steps_more(positional_encoding: str) -> None:
+    # The encoding makes the same token's keys differ by step; the bias multiplies each weight by
+    # exp(-slope x distance) (and renormalises), so the ratio to the unbiased weights falls with the distance.
+    unbiased, biased = make_model(positional_encoding, False), make_model(positional_encoding, True)
+    biased.load_state_dict(unbiased.state_dict())  # the bias has no parameters
+    ratio = step_attention(biased) / step_attention(unbiased)  # (K, H, L)
+    assert (ratio[..., 1:] > ratio[..., :-1]).all(), "the bias must favour newer steps, for every block and head"
+    expected = torch.exp(-alibi_slopes(HEADS).unsqueeze(1) * (DISTANCE - 1))  # relative to the newest step
+    torch.testing.assert_close(ratio / ratio[..., -1:], expected.expand_as(ratio))
+
+
+# ALiBi's slopes as exponents of 2 (Press et al. 2022): for H a power of two -8 i / H, i = 1..H; otherwise those of the
+# largest power of two P below H, then every other slope of 2 P (its 1st, 3rd, ...) until there are H.
+SLOPE_EXPONENTS = {
+    1: [-8],
+    2: [-4, -8],
+    3: [-4, -8, -2],
+    4: [-2, -4, -6, -8],
+    5: [-2, -4, -6, -8, -1],
+    6: [-2, -4, -6, -8, -1, -3],
+    7: [-2, -4, -6, -8, -1, -3, -5],
+    8: [-1, -2, -3, -4, -5, -6, -7, -8],
+    12: [-1, -2, -3, -4, -5, -6, -7, -8, -0.5, -1.5, -2.5, -3.5],
+    16: [-0.5 * i for i in range(1, 17)],
+}
+
+
+@pytest.mark.parametrize("heads", sorted(SLOPE_EXPONENTS))
+def test_alibi_slopes_are_the_papers(heads: int) -> None:
+    torch.testing.assert_close(alibi_slopes(heads), torch.pow(2.0, torch.tensor(SLOPE_EXPONENTS[heads])))
