@@ -192,10 +192,19 @@ def _converted_space(space: spaces.Space, layout: str | tuple | dict) -> spaces.
         return spaces.Dict({key: _converted_space(_part(space, key), layout[key]) for key in sorted(layout)})
     if layout == "vector":
         return spaces.Box(low=space.low.astype(np.float32), high=space.high.astype(np.float32), dtype=np.float32)
-    if isinstance(layout, tuple):  # one-hot
-        return spaces.Box(low=0.0, high=1.0, shape=(sum(layout[1]),), dtype=np.float32)
+    if isinstance(layout, tuple):
+        return OneHot(sum(layout[1]))
     shape = _convert(np.zeros(space.shape, dtype=np.uint8), layout).shape
     return spaces.Box(low=0.0, high=1.0, shape=shape, dtype=np.float32)
+
+
+class OneHot(spaces.Box):
+    """The space of one-hot codes as the models see them: float32 0s and 1s, one block per entry of a Discrete or
+    MultiDiscrete. A Box for everything else; observation normalisation leaves such parts as they are
+    (normalization.py)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(low=0.0, high=1.0, shape=(size,), dtype=np.float32)
 
 
 def one_hot_blocks(codes: object, counts: tuple[int, ...], starts: tuple[int, ...] | None = None) -> np.ndarray:

@@ -14,7 +14,7 @@ import functools
 import gymnasium
 import numpy as np
 
-from environments.gymnasium_env import one_hot_blocks
+from environments.gymnasium_env import OneHot, one_hot_blocks
 from environments.registry import EnvFamily, Key, invalid
 
 OBSERVATIONS = ("rgb", "symbolic")
@@ -82,8 +82,7 @@ class MiniGridEnv(gymnasium.Wrapper):
         else:
             super().__init__(ImgObsWrapper(env))  # MiniGrid's (view, view, 3) grid encoding, nothing rendered
             self._counts = _one_hot_sizes() * (view_size * view_size)  # per cell: object type, colour, state
-            shape = (sum(self._counts),)
-            self.observation_space = gymnasium.spaces.Box(low=0.0, high=1.0, shape=shape, dtype=np.float32)
+            self.observation_space = OneHot(sum(self._counts))
             self._observe = self._symbolic
         self.action_space = gymnasium.spaces.Discrete(ACTION_SETS[actions])
         self.actions = actions
