@@ -7,7 +7,8 @@
   before the encoder, so they are in every checkpoint and model file, and enjoy.py and every evaluation apply them,
   frozen.
 - Rewards: each reward is divided by the running standard deviation of the discounted return (each worker's
-  ``return = gamma * return + reward``, restarted at episode ends), then clipped. Not shifted: a shift would change
+  ``return = gamma * return + reward``, restarted where an episode ends, by termination or time limit, and where a
+  resumed run restarts an episode it could not replay), then clipped. Not shifted: a shift would change
   which policy is best where episodes end. Reported episode rewards stay unscaled.
 
 Both sets of statistics are updated once per rollout, from the whole batch of all workers and, under torchrun, of all
@@ -138,9 +139,13 @@ class RewardScaler:
         for t in range(rewards.shape[1]):
             self.returns = self.returns * self.gamma + rewards[:, t]
             returns[:, t] = self.returns
-            self.returns = self.returns * ~ended[:, t]
+            self.end_episodes(ended[:, t])
         self.statistics.update(returns.reshape(-1), ranks)
         return (rewards / self.statistics.std()).clamp(-self.clip, self.clip)
+
+    def end_episodes(self, ended: torch.Tensor) -> None:
+        """Restart the running return of the workers whose episode ended, ``ended`` (N,) bool."""
+        self.returns = self.returns * ~ended
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """What a checkpoint keeps: the statistics (the same on every rank) and this rank's workers' returns."""

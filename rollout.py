@@ -75,11 +75,14 @@ class RolloutCollector:
     def resume(self, workers_state: list[dict]) -> None:
         """Restore the workers from a checkpoint's state and take their observations. An environment whose episode was
         too long to replay (``replay.MAX_REPLAY_ACTIONS``) starts its next episode instead, and so does the memory of
-        its lanes."""
+        its lanes, and so does the running return of ``normalize_rewards``."""
         self.start(self.workers.restore(workers_state))
         restarted = np.repeat([state["actions"] is None for state in workers_state], self.workers.agents)
         if restarted.any():
-            self.state.end_episodes(torch.as_tensor(restarted, device=self.device))
+            lanes = torch.as_tensor(restarted, device=self.device)
+            self.state.end_episodes(lanes)
+            if self.reward_scaler is not None:  # the checkpoint's running return belongs to the episode left behind
+                self.reward_scaler.end_episodes(lanes)
 
     @torch.no_grad()
     def collect(self) -> RolloutStats:

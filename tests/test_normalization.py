@@ -1,17 +1,27 @@
-"""Observation and reward normalisation (normalization.py): the running statistics, what is normalised, that the
+"""Observation and reward normalisation (normalization.py): the running statistics, what is normalised, that training
+sees the statistics of its rollout and they move after it, where the running return restarts, and that the
 statistics travel with checkpoints and model files and stay frozen in evaluation."""
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
-from conftest import resume_matches_uninterrupted, train_small
+from conftest import RandomWorkers, resume_matches_uninterrupted, small_config, train_small
 
 import normalization
+from buffer import Buffer
 from checkpoint import load_model
+from environments.action_spec import ActionSpec
 from evaluation import evaluate
+from model import ActorCriticModel
 from normalization import RewardScaler, RunningMeanStd, VectorNormalizers
+from rollout import RolloutCollector
+from trainer import PPOTrainer
+
+CPU = torch.device("cpu")
 
 
 def test_running_statistics_of_batches_equal_those_of_their_concatenation() -> None:
@@ -88,3 +98,98 @@ def test_statistics_travel_in_the_model_file_and_stay_frozen_in_evaluation(tmp_p
     evaluate(model, config, torch.device("cpu"), episodes=2)
     for name, value in model.normalizer.state_dict().items():
         assert torch.equal(value, before[name]), name
+
+
+def new_trainer(tmp_path: object, name: str, **overrides: object) -> PPOTrainer:
+    """A ``small_config`` run (seed 5, no evaluations) in tmp_path/name, built and not yet run."""
+    folder = str(tmp_path / name)
+    return PPOTrainer(small_config(eval_interval=0, **overrides), name, CPU, 5, models_dir=folder, summaries_dir=folder)
+
+
+class RecordingWorkers(RandomWorkers):
+    """``RandomWorkers`` that keep every step's result, say their action space and restore a checkpoint's state."""
+
+    action_spec = ActionSpec(counts=(3,))
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.results = []
+
+    def step(self, actions: np.ndarray) -> object:
+        self.results.append(super().step(actions))
+        return self.results[-1]
+
+    def restore(self, states: list[dict]) -> object:
+        return self.observations()
+
+
+def collector_with_reward_scaler(workers: RecordingWorkers) -> RolloutCollector:
+    """The collector of a ``small_config`` model with ``normalize_rewards`` on ``workers`` (vector observations)."""
+    config = small_config(normalize_rewards=True)
+    model = ActorCriticModel(config, workers.obs_shape, [3])
+    n, t = config.n_workers, config.worker_steps
+    buffer = Buffer(n, t, model.observation_shape, model.storage_dtype, 1, model.memory.trace(n, t, CPU), CPU)
+    scaler = RewardScaler(n, config.gamma, config.normalize_clip, CPU)
+    collector = RolloutCollector(model, workers, buffer, config.gamma, config.lamda, CPU, reward_scaler=scaler)
+    collector.start(workers.reset())
+    return collector
+
+
+def assert_same_statistics(a: RunningMeanStd, b: RunningMeanStd, what: str) -> None:
+    for name in ("mean", "var", "count"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), f"{what}: {name}"
+
+
+@pytest.mark.slow
+@pytest.mark.slow
+def test_each_update_trains_with_its_rollouts_statistics_and_takes_the_rollout_in_after(tmp_path: object) -> None:
+    """Training recomputes the rollout's log-probabilities only with the normalisation the rollout used: the statistics
+    move after the update, by exactly the rollout's observations."""
+    trainer = new_trainer(tmp_path, "order", updates=2, normalize_observations=True)
+    statistics = trainer.model.normalizer.parts[0].statistics
+    seen: dict[str, list[RunningMeanStd]] = {"rollout": [], "update": [], "rollout taken in": []}
+    collect, optimize = trainer.collector.collect, trainer.learner.optimize
+
+    def spy_collect() -> object:
+        seen["rollout"].append(copy.deepcopy(statistics))
+        return collect()
+
+    def spy_optimize(buffer: Buffer, update: int) -> dict:
+        seen["update"].append(copy.deepcopy(statistics))
+        taken_in = copy.deepcopy(seen["rollout"][-1])
+        taken_in.update(buffer.obs)
+        seen["rollout taken in"].append(taken_in)
+        return optimize(buffer, update)
+
+    trainer.collector.collect, trainer.learner.optimize = spy_collect, spy_optimize
+    trainer.run()
+    assert not torch.equal(seen["rollout"][0].mean, seen["rollout"][1].mean), "the statistics must move"
+    for k, (rollout, update) in enumerate(zip(seen["rollout"], seen["update"], strict=True)):
+        assert_same_statistics(rollout, update, f"update {k + 1} trains with its rollout's statistics")
+    after = [*seen["rollout"][1:], statistics]  # what the next rollout sees, or the run ends with
+    for k, (expected, found) in enumerate(zip(seen["rollout taken in"], after, strict=True)):
+        torch.testing.assert_close(found.mean, expected.mean, msg=f"after update {k + 1}")
+        torch.testing.assert_close(found.var, expected.var, msg=f"after update {k + 1}")
+        assert found.count == expected.count
+
+
+def test_a_time_limit_restarts_the_running_return_as_a_termination_does() -> None:
+    workers = RecordingWorkers(4, (3,), seed=2, end_rate=0.3, truncate_share=0.5)
+    collector = collector_with_reward_scaler(workers)
+    torch.manual_seed(0)
+    collector.collect()
+    returns, last_end = np.zeros(4), ["none"] * 4
+    for result in workers.results:
+        returns = returns * collector.gamma + result.rewards
+        for lane in np.flatnonzero(result.terminated | result.truncated):
+            returns[lane], last_end[lane] = 0.0, "truncated" if result.truncated[lane] else "terminated"
+    assert "truncated" in last_end, last_end  # a lane whose running return the last time limit restarted
+    torch.testing.assert_close(collector.reward_scaler.returns, torch.as_tensor(returns))
+
+
+def test_a_lane_whose_episode_a_resumed_run_restarts_starts_its_running_return_again() -> None:
+    """Fault 10: an episode too long to replay starts anew on resume (rollout.resume), and so must its return."""
+    collector = collector_with_reward_scaler(RecordingWorkers(4, (3,)))
+    collector.reward_scaler.returns = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64)
+    collector.resume([{"episode": 7, "actions": None if lane in (0, 2) else [1, 0]} for lane in range(4)])
+    torch.testing.assert_close(collector.reward_scaler.returns, torch.tensor([0.0, 2.0, 0.0, 4.0], dtype=torch.float64))
