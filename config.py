@@ -395,7 +395,9 @@ SCHEMA: dict[str, tuple] = {
             "weight of the observation-reconstruction loss (0: off, no decoder is built): a decoder "
             "(transposed convolutions mirroring the encoder for images, binary cross-entropy per pixel; one "
             "linear layer for vectors, mean squared error) reconstructs each step's observation (each key of "
-            "a dict) from the memory's output, as in the Memory Gym paper and CleanRL's "
+            "a dict) as the encoder sees it (normalised with `normalize_observations`, so that each feature "
+            "weighs alike in the squared error, not by its variance in the environment's units) from the "
+            "memory's output, as in the Memory Gym paper and CleanRL's "
             "`reconstruction_coef`; TensorBoard `losses/reconstruction`. `configs/mortar_mayhem.yaml` and "
             "`configs/searing_spotlights.yaml`: 0.1, the paper's value"
         ),

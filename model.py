@@ -186,9 +186,15 @@ class ActorCriticModel(nn.Module):
         stores them)."""
         return self.encoder.prepare(obs)
 
+    def normalized(self, obs: torch.Tensor) -> torch.Tensor:
+        """Observations (..., *obs_shape) as the encoder sees them: with ``normalize_observations`` their vectors
+        normalised by the running statistics (normalization.py), else as they are. Also the target of the
+        reconstruction loss (ppo.py)."""
+        return obs if self.normalizer is None else self.normalizer(obs)
+
     def encode(self, obs: torch.Tensor) -> torch.Tensor:
-        """Observations (B, Q, *obs_shape) (normalised first with ``normalize_observations``) -> tokens (B, Q, D)."""
-        return self.encoder(obs if self.normalizer is None else self.normalizer(obs))
+        """Observations (B, Q, *obs_shape) (``normalized`` first) -> tokens (B, Q, D)."""
+        return self.encoder(self.normalized(obs))
 
     def step(
         self, obs: torch.Tensor, state: MemoryState, index: torch.Tensor | None = None, return_attention: bool = False

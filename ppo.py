@@ -106,12 +106,14 @@ def global_normalizer(ranks: Ranks) -> Callable[[torch.Tensor], torch.Tensor]:
 def reconstruction_loss(model: ActorCriticModel, out: PolicyOutput, minibatch: Minibatch) -> torch.Tensor:
     """The observation-reconstruction loss of a minibatch's real steps: the model's decoder reconstructs each step's
     observation from the memory's output (images: binary cross-entropy per pixel; vectors: mean squared error; dicts:
-    the sum over the keys)."""
+    the sum over the keys). The target is the observation as the encoder saw it (``model.normalized``): with
+    ``normalize_observations``, every normalised feature weighs about alike in the squared error, where the raw one
+    would weigh each by its variance, in the environment's units."""
     features, obs = out.features, minibatch.obs
     if minibatch.valid is not None:
         valid = minibatch.valid
         features, obs = features[valid], observations.apply(lambda x: x[valid], obs)
-    return model.decoder.loss(model.decoder(features), obs)
+    return model.decoder.loss(model.decoder(features), model.normalized(obs))
 
 
 def forward_minibatch(model: ActorCriticModel, minibatch: Minibatch) -> PolicyOutput:

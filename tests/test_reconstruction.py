@@ -54,3 +54,21 @@ def test_no_decoder_without_reconstruction() -> None:
         random_rollout_buffer(model, (4,), config.n_workers, config.worker_steps), 0
     )
     assert "reconstruction_loss" not in stats
+
+
+@pytest.mark.parametrize("obs_shape", [(4,), {"image": (3, 12, 12), "vector": (4,)}])
+def test_with_observation_normalisation_the_target_is_the_observation_the_encoder_saw(obs_shape: tuple | dict) -> None:
+    config = small_config(reconstruction_coefficient=0.1, normalize_observations=True)
+    torch.manual_seed(0)
+    model = ActorCriticModel(config, obs_shape, [3])
+    statistics = model.normalizer.parts[0].statistics  # raw features near 0.5 sit near -5 after normalisation
+    statistics.mean.fill_(100.0), statistics.var.fill_(400.0), statistics.count.fill_(1000.0)
+    buffer = random_rollout_buffer(model, obs_shape, config.n_workers, config.worker_steps)
+    minibatch = next(buffer.minibatches(1, config.worker_steps, torch.Generator().manual_seed(0)))
+    features = forward_minibatch(model, minibatch).features
+    seen = model.normalizer(minibatch.obs)
+    expected = model.decoder.loss(model.decoder(features), seen)
+    loss = reconstruction_loss(model, forward_minibatch(model, minibatch), minibatch)
+    torch.testing.assert_close(loss, expected)
+    raw_target = model.decoder.loss(model.decoder(features), minibatch.obs)
+    assert abs(loss - raw_target) > 1.0, (loss, raw_target)  # the two targets are told apart
