@@ -136,6 +136,7 @@ class Config:
     sequence_length: int
     normalize_advantages: bool
     normalize_observations: bool
+    normalize_skip_keys: list[str]
     normalize_rewards: bool
     normalize_clip: float
     clipped_log_prob: bool
@@ -337,10 +338,24 @@ SCHEMA: dict[str, tuple] = {
         (
             "shift and scale each feature of vector observations (each vector key of a dict) by its running "
             "mean and standard deviation over all of training, then clip to `normalize_clip`, as "
-            "Stable-Baselines3's `VecNormalize`; images are left as they are. The statistics are updated once "
-            "per rollout from all workers (and all torchrun ranks), after the update trained on it, are "
-            "saved in the checkpoint and the model file, and are applied frozen by enjoy.py and every "
-            "evaluation ([normalization.py](../normalization.py))"
+            "Stable-Baselines3's `VecNormalize`; images are left as they are, and so are one-hot codes "
+            "(Discrete and MultiDiscrete observations, MiniGrid's symbolic view, which is then left whole) "
+            "and the keys of `normalize_skip_keys`. A new run first takes `worker_steps` steps of random "
+            "actions in every worker into the statistics (not counted in the run's steps), so the first "
+            "rollout already sees normalised inputs; then they are updated once per rollout from all "
+            "workers (and all torchrun ranks), after the update trained on it, are saved in the checkpoint "
+            "and the model file, and are applied frozen by enjoy.py and every evaluation "
+            "([normalization.py](../normalization.py))"
+        ),
+    ),
+    "normalize_skip_keys": (
+        list,
+        [],
+        ("a list of key names (strings)", lambda v: all(isinstance(key, str) for key in v)),
+        (
+            "keys of a Dict observation that `normalize_observations` leaves as they are, as SB3's "
+            "`norm_obs_keys` lists the others, e.g. `[goal]`; a key the observations do not have is refused "
+            "when training starts, with the list of their keys"
         ),
     ),
     "normalize_rewards": (
@@ -587,7 +602,7 @@ SCHEMA: dict[str, tuple] = {
 
 
 _KIND_NAMES = {dict: "a mapping of keys to values", int: "an integer (int)", float: "a number (float)", str: "a string",
-               bool: "true or false"}  # fmt: skip
+               bool: "true or false", list: "a list"}  # fmt: skip
 
 
 def _check_section(values: Any, schema: dict[str, tuple], prefix: str) -> dict:
@@ -704,6 +719,12 @@ def validate_config(raw: Any) -> Config:
             f"'transformer.memory_length' ({transformer.memory_length}) exceeds the episode length "
             f"'environment.max_episode_steps' ({max_steps}; the task's own limit where that key is unset or 0): "
             f"memory beyond the episode is never filled; use memory_length <= {max_steps}"
+        )
+    if values["normalize_skip_keys"] and not values["normalize_observations"]:
+        raise ConfigError(
+            f"'normalize_skip_keys' ({values['normalize_skip_keys']}) names keys that observation normalisation leaves "
+            "as they are, but 'normalize_observations' is false: set normalize_observations true, or leave out "
+            "normalize_skip_keys"
         )
     if values["kl_rollback"] and values["target_kl"] <= 0:
         raise ConfigError(

@@ -118,7 +118,9 @@ class ActorCriticModel(nn.Module):
         self.action_dims = list(self.actions.counts)  # Discrete / MultiDiscrete; empty for continuous actions
         # Running statistics of vector observations (normalization.py), applied before the encoder; None when off.
         self.normalizer = (
-            VectorNormalizers(self.observation_shape, config.normalize_clip) if config.normalize_observations else None
+            VectorNormalizers(self.observation_shape, config.normalize_clip, config.normalize_skip_keys)
+            if config.normalize_observations
+            else None
         )
         self.encoder = make_encoder(self.observation_shape, memory_input_dim(config))
         self.memory = make_memory(config, self.encoder.output_dim, memory_path)

@@ -1,32 +1,42 @@
 """Observation and reward normalisation, as Stable-Baselines3's VecNormalize does it (config ``normalize_observations``,
-``normalize_rewards``, ``normalize_clip``).
+``normalize_skip_keys``, ``normalize_rewards``, ``normalize_clip``).
 
 - Observations: each feature of a vector observation (each vector key of a dict) is shifted and scaled by the running
   mean and standard deviation of that feature over every observation of training so far, then clipped to
-  [-clip, clip]. Images are left as they are. The statistics are buffers of the model's ``normalizer``, applied
-  before the encoder, so they are in every checkpoint and model file, and enjoy.py and every evaluation apply them,
-  frozen.
+  [-clip, clip]. Images are left as they are, and so are one-hot codes (the parts an environment declares as
+  ``OneHot``: Discrete and MultiDiscrete observations, MiniGrid's symbolic view) and the dict keys the config names in
+  ``normalize_skip_keys``. SB3 never normalises one-hot codes either: its VecNormalize refuses a Dict key that is no
+  Box (it must be left out through ``norm_obs_keys``), and its policy one-hot encodes Discrete parts after it.
+  Normalised, a code never seen so far has variance 0 and jumps to the clip on its first appearance. The statistics
+  are buffers of the model's ``normalizer``, applied before the encoder, so they are in every checkpoint and model
+  file, and enjoy.py and every evaluation apply them, frozen. The reconstruction loss (ppo.py) reconstructs the
+  observation as the encoder sees it, normalised.
 - Rewards: each reward is divided by the running standard deviation of the discounted return (each worker's
   ``return = gamma * return + reward``, restarted where an episode ends, by termination or time limit, and where a
-  resumed run restarts an episode it could not replay), then clipped. Not shifted: a shift would change
-  which policy is best where episodes end. Reported episode rewards stay unscaled.
+  resumed run restarts an episode it could not replay), then clipped. Not shifted: a shift would change which policy
+  is best where episodes end. Reported episode rewards stay unscaled.
 
 Both sets of statistics are updated once per rollout, from the whole batch of all workers and, under torchrun, of all
 ranks (the sums are all-reduced), so every rank holds the same numbers. Observation statistics move after the
 update's optimisation: the rollout and the epochs that train on it see the same normalisation, so training
-recomputes exactly the log-probabilities and values the rollout stored; the first rollout runs with mean 0 and
-standard deviation 1.
+recomputes exactly the log-probabilities and values the rollout stored. Before the first rollout of a new run, a
+warm-up of ``worker_steps`` steps of uniformly random actions in every worker fills them
+(``RolloutCollector.start_observation_statistics``), so the first rollout and update already see normalised inputs
+instead of training on raw ones and then seeing the statistics jump.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+import gymnasium
 import torch
 from torch import nn
 
 import observations
 from distributed import SINGLE, Ranks, all_reduce_sum
+from environments.gymnasium_env import OneHot
 
 EPSILON = 1e-8  # added to the variance before its square root, as VecNormalize
 
@@ -74,16 +84,24 @@ class RunningMeanStd(nn.Module):
 
 
 class ObservationNormalizer(nn.Module):
-    """Normalises vector observations (..., F) feature by feature; one per vector of ``VectorNormalizers``."""
+    """Normalises vector observations (..., F) feature by feature; one per vector of ``VectorNormalizers``.
+
+    Attributes:
+        statistics: the running mean and variance (F,) of every feature.
+        active: (F,) bool, which features are normalised; the others (one-hot codes, skipped keys) pass as they are.
+            A buffer, so that model files and checkpoints say which, where no environment is at hand to ask.
+    """
 
     def __init__(self, features: int, clip: float) -> None:
         super().__init__()
         self.statistics = RunningMeanStd((features,))
+        self.register_buffer("active", torch.ones(features, dtype=torch.bool))
         self.clip = clip
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        """(..., F) -> (..., F) normalised and clipped, float32."""
-        return ((obs - self.statistics.mean.float()) / self.statistics.std()).clamp(-self.clip, self.clip)
+        """(..., F) -> (..., F) float32: the active features normalised and clipped, the others as they are."""
+        normalised = ((obs - self.statistics.mean.float()) / self.statistics.std()).clamp(-self.clip, self.clip)
+        return torch.where(self.active, normalised, obs)
 
     def update(self, obs: torch.Tensor, ranks: Ranks = SINGLE) -> None:
         """Take in observations (..., F) of this rank (all ranks call together)."""
@@ -92,18 +110,53 @@ class ObservationNormalizer(nn.Module):
 
 class VectorNormalizers(nn.Module):
     """One ``ObservationNormalizer`` per vector of an observation: the observation itself if it is a vector (F,), or
-    each vector key of a dict observation; images pass through. The model applies it before its encoder."""
+    each vector key of a dict observation; images pass through. The model applies it before its encoder.
 
-    def __init__(self, shape: observations.Shape, clip: float) -> None:
+    Attributes:
+        keys: the vectors' keys, sorted (None: the observation is one vector).
+        parts: their normalisers, in the order of ``keys``.
+    """
+
+    def __init__(self, shape: observations.Shape, clip: float, skip_keys: Sequence[str] = ()) -> None:
+        """``skip_keys``: keys of a dict observation left as they are (``normalize_skip_keys``).
+
+        Raises:
+            ValueError: Where the observations hold no vector, where ``skip_keys`` names a key the observations do not
+                have (or they are no dict), or where it leaves no vector to normalise.
+        """
         super().__init__()
         shapes = shape if isinstance(shape, dict) else {None: shape}
+        unknown = [key for key in skip_keys if key not in shapes]
+        if unknown:
+            where = f"whose keys are {sorted(shapes)}" if isinstance(shape, dict) else "which are one array, not a dict"
+            raise ValueError(
+                f"normalize_skip_keys names {unknown}, which the observations {shape} do not have ({where}): list "
+                "only keys of the environment's Dict observation, or leave normalize_skip_keys empty"
+            )
         self.keys = [key for key in sorted(shapes, key=str) if len(shapes[key]) == 1]  # None: a plain vector
         if not self.keys:
             raise ValueError(
                 f"normalize_observations normalises vector observations, and the observations {shape} hold none "
                 "(images are left as they are): set normalize_observations false"
             )
+        if all(key in skip_keys for key in self.keys):
+            raise ValueError(
+                f"normalize_skip_keys {list(skip_keys)} leaves none of the observations' vectors {self.keys} to "
+                "normalise: set normalize_observations false, or skip fewer keys"
+            )
         self.parts = nn.ModuleList([ObservationNormalizer(shapes[key][0], clip) for key in self.keys])
+        for key, part in zip(self.keys, self.parts, strict=True):
+            part.active.fill_(key not in skip_keys)
+
+    def leave_one_hot_codes(self, space: gymnasium.Space) -> None:
+        """Leave the parts that the environment's (converted) observation space declares ``OneHot`` as they are."""
+        for key, part in zip(self.keys, self.parts, strict=True):
+            if isinstance(space if key is None else space[key], OneHot):
+                part.active.fill_(False)
+
+    def normalises_anything(self) -> bool:
+        """Whether any feature is normalised (not so where every vector is one-hot codes or skipped)."""
+        return any(bool(part.active.any()) for part in self.parts)
 
     def forward(self, obs: Any) -> Any:
         """Observations (..., *shape) (or a dict of them) with every vector normalised."""

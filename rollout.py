@@ -21,6 +21,7 @@ import torch
 import observations
 from buffer import Buffer
 from distributed import SINGLE, Ranks, Rows
+from environments.action_spec import ActionSpec
 from memories.base import MemoryState
 from model import ActorCriticModel
 from normalization import RewardScaler
@@ -129,6 +130,35 @@ class RolloutCollector:
         self.state.end_episodes(result.terminated | result.truncated)  # the host's arrays: the memory need not ask the device
         self.obs = self.model.prepare(result.obs)
 
+    @torch.no_grad()
+    def start_observation_statistics(self, seed: int) -> None:
+        """Before the first rollout of a new run (``normalize_observations``; a resumed run has its checkpoint's): leave
+        the parts that the environments declare one-hot codes as they are, then take the observations of
+        ``worker_steps`` steps of uniformly random actions in every worker into the model's statistics (N x T of them,
+        as many as a rollout holds), and start every environment's next episode.
+
+        So the first rollout and the first update already see normalised inputs, with the statistics they keep until
+        the update is done; starting at mean 0 and standard deviation 1 instead, the network would train on raw inputs
+        and then see them rescaled. Random steps rather than the reset observations alone: N resets are few, and
+        their spread can be far below an episode's (CartPole draws every state variable uniformly from [-0.05, 0.05]
+        at reset), which would scale the inputs that follow into the clip. The actions come from ``seed`` alone, drawn
+        for all ``rows.total`` lanes of all processes, so one process or several play the same steps; the memory and
+        the torch generators are not touched. Nothing happens where nothing is normalised."""
+        normalizer = self.model.normalizer
+        if normalizer is None:
+            return
+        normalizer.leave_one_hot_codes(self.workers.observation_space)
+        if not normalizer.normalises_anything():
+            return
+        rows = self.rows or Rows(0, self.n_workers)
+        rng = np.random.default_rng(seed)
+        obs = self.obs
+        for _ in range(self.worker_steps):
+            normalizer.update(obs, self.ranks)
+            actions = random_actions(self.workers.action_spec, rows.total, rng)[rows.first : rows.first + self.n_workers]
+            obs = self.model.prepare(self.workers.step(actions).obs)
+        self.start(self.workers.reset())
+
     def update_observation_statistics(self) -> None:
         """Take the rollout's observations into the model's running statistics (``normalize_observations``): called
         after the update trained on them, so that the rollout and its training saw the same normalisation."""
@@ -138,3 +168,10 @@ class RolloutCollector:
     def values(self, obs: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
         """Values (n,) of observations (n, *obs_shape) at the current step of workers ``index`` (all), with their memory."""
         return self.model.step(obs, self.state, index).value
+
+
+def random_actions(spec: ActionSpec, n: int, rng: np.random.Generator) -> np.ndarray:
+    """(n, A) actions drawn uniformly: each count's codes (int64), or within a Box's bounds (float32)."""
+    if spec.continuous:
+        return rng.uniform(spec.low, spec.high, size=(n, spec.width)).astype(np.float32)
+    return rng.integers(0, spec.counts, size=(n, spec.width))

@@ -1,11 +1,13 @@
-"""Observation and reward normalisation (normalization.py): the running statistics, what is normalised, that training
-sees the statistics of its rollout and they move after it, where the running return restarts, and that the
-statistics travel with checkpoints and model files and stay frozen in evaluation."""
+"""Observation and reward normalisation (normalization.py): the running statistics, what is normalised and what is
+left as it is, the warm-up before the first rollout, that training sees the statistics of its rollout and they move
+after it, where the running return restarts, and that the statistics travel with checkpoints and model files and stay
+frozen in evaluation."""
 
 from __future__ import annotations
 
 import copy
 
+import gymnasium
 import numpy as np
 import pytest
 import torch
@@ -13,8 +15,11 @@ from conftest import RandomWorkers, resume_matches_uninterrupted, small_config, 
 
 import normalization
 from buffer import Buffer
-from checkpoint import load_model
+from checkpoint import check_resume, load_model
+from config import ConfigError
+from environments import create_env
 from environments.action_spec import ActionSpec
+from environments.gymnasium_env import OneHot
 from evaluation import evaluate
 from model import ActorCriticModel
 from normalization import RewardScaler, RunningMeanStd, VectorNormalizers
@@ -90,7 +95,7 @@ def test_resumed_run_with_normalisation_equals_uninterrupted_run(tmp_path: str) 
 def test_statistics_travel_in_the_model_file_and_stay_frozen_in_evaluation(tmp_path: str) -> None:
     trainer = train_small(tmp_path, "normalised", 2, normalize_observations=True)
     statistics = trainer.model.normalizer.parts[0].statistics
-    assert statistics.count.item() == 2 * 4 * 16  # both rollouts, every worker's step
+    assert statistics.count.item() == 3 * 4 * 16  # the warm-up and both rollouts, every worker's step
     model, config = load_model(trainer.model_path, torch.device("cpu"))
     for name, value in trainer.model.state_dict().items():
         assert torch.equal(model.state_dict()[name], value), name
@@ -98,6 +103,9 @@ def test_statistics_travel_in_the_model_file_and_stay_frozen_in_evaluation(tmp_p
     evaluate(model, config, torch.device("cpu"), episodes=2)
     for name, value in model.normalizer.state_dict().items():
         assert torch.equal(value, before[name]), name
+
+
+CARTPOLE = {"type": "CartPole", "name": "CartPole-v1", "mask_velocity": False, "reward_scale": 1.0}
 
 
 def new_trainer(tmp_path: object, name: str, **overrides: object) -> PPOTrainer:
@@ -140,7 +148,6 @@ def assert_same_statistics(a: RunningMeanStd, b: RunningMeanStd, what: str) -> N
         assert torch.equal(getattr(a, name), getattr(b, name)), f"{what}: {name}"
 
 
-@pytest.mark.slow
 @pytest.mark.slow
 def test_each_update_trains_with_its_rollouts_statistics_and_takes_the_rollout_in_after(tmp_path: object) -> None:
     """Training recomputes the rollout's log-probabilities only with the normalisation the rollout used: the statistics
@@ -193,3 +200,107 @@ def test_a_lane_whose_episode_a_resumed_run_restarts_starts_its_running_return_a
     collector.reward_scaler.returns = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64)
     collector.resume([{"episode": 7, "actions": None if lane in (0, 2) else [1, 0]} for lane in range(4)])
     torch.testing.assert_close(collector.reward_scaler.returns, torch.tensor([0.0, 2.0, 0.0, 4.0], dtype=torch.float64))
+
+
+def test_a_new_run_warms_the_statistics_up_so_that_its_first_rollout_sees_normalised_inputs(tmp_path: object) -> None:
+    # CartPole's raw features spread far from 1: under a random policy about 0.05 (position), 0.5, 0.08 (angle), 0.9.
+    trainer = new_trainer(tmp_path, "warm", environment=CARTPOLE, normalize_observations=True)
+    try:
+        statistics = trainer.model.normalizer.parts[0].statistics
+        assert statistics.count.item() == 4 * 16, "one rollout's worth of random steps, before the first rollout"
+        inputs = []
+        trainer.model.encoder.register_forward_pre_hook(lambda module, args: inputs.append(args[0].reshape(-1, 4)))
+        trainer.rollout()
+        raw_spread, seen_spread = trainer.buffer.obs.reshape(-1, 4).std(0), torch.cat(inputs).std(0)
+        assert (raw_spread < 0.3).any(), raw_spread  # raw inputs would be far from normalised
+        assert ((seen_spread > 0.3) & (seen_spread < 3.0)).all(), seen_spread
+        assert statistics.count.item() == 4 * 16, "the rollout is taken in after its update"
+    finally:
+        trainer.close()
+
+
+def test_one_hot_codes_and_skipped_keys_pass_as_they_are_while_the_other_vectors_are_normalised() -> None:
+    shape = {"code": (4,), "goal": (2,), "image": (3, 2, 2), "position": (2,)}
+    space = gymnasium.spaces.Dict(
+        {
+            "code": OneHot(4),
+            "goal": gymnasium.spaces.Box(-100.0, 100.0, (2,)),
+            "image": gymnasium.spaces.Box(0.0, 1.0, (3, 2, 2)),
+            "position": gymnasium.spaces.Box(-np.inf, np.inf, (2,)),
+        }
+    )
+    batch = {
+        "code": torch.tensor([[1.0, 0.0, 0.0, 0.0]] * 2),  # only code 0 so far: codes 1 to 3 have variance 0
+        "goal": torch.tensor([[40.0, 0.0], [60.0, 2.0]]),
+        "image": torch.rand(2, 3, 2, 2),
+        "position": torch.tensor([[40.0, 0.0], [60.0, 2.0]]),  # mean (50, 1), variance (100, 1)
+    }
+    obs = {
+        "code": torch.tensor([[0.0, 0.0, 0.0, 1.0]]),
+        "goal": torch.tensor([[60.0, 3.0]]),
+        "image": torch.rand(1, 3, 2, 2),
+        "position": torch.tensor([[60.0, 3.0]]),
+    }
+    normalised_everywhere = VectorNormalizers(shape, clip=5.0)
+    normalised_everywhere.update(batch)
+    assert normalised_everywhere(obs)["code"][0, 3] == 5.0  # a code never seen before jumps to the clip
+    normalizers = VectorNormalizers(shape, clip=5.0, skip_keys=["goal"])
+    normalizers.leave_one_hot_codes(space)
+    normalizers.update(batch)
+    out = normalizers(obs)
+    assert torch.equal(out["code"], obs["code"]) and torch.equal(out["goal"], obs["goal"])
+    assert out["image"] is obs["image"]
+    torch.testing.assert_close(out["position"], torch.tensor([[1.0, 2.0]]))
+
+
+@pytest.mark.parametrize(
+    ("shape", "skip_keys", "message"),
+    [
+        ({"image": (3, 8, 8), "vector": (2,)}, ["vectr"], r"names \['vectr'\], .*whose keys are \['image', 'vector'\]"),
+        ((3,), ["vector"], "one array, not a dict"),
+        ({"image": (3, 8, 8), "vector": (2,)}, ["vector"], "leaves none of the observations' vectors"),
+    ],
+    ids=["unknown-key", "not-a-dict", "nothing-left"],
+)
+def test_skip_keys_that_do_not_fit_the_observations_are_refused(shape: object, skip_keys: list, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        VectorNormalizers(shape, clip=10.0, skip_keys=skip_keys)
+
+
+def test_skip_keys_are_checked_against_the_environments_keys_when_training_starts(tmp_path: object) -> None:
+    with pytest.raises(ConfigError, match=r"names \['cues'\], .*whose keys are \['cue', 'image'\]"):
+        new_trainer(
+            tmp_path, "skip", environment={"type": "PocMemoryEnv", "dict_observation": True},
+            normalize_observations=True, normalize_skip_keys=["cues"],
+        )  # fmt: skip
+    with pytest.raises(ConfigError, match="set normalize_observations true, or leave out normalize_skip_keys"):
+        small_config(normalize_skip_keys=["cue"])
+
+
+def test_a_resumed_run_keeps_the_skip_keys_its_checkpoint_was_trained_with() -> None:
+    dict_poc = {"type": "PocMemoryEnv", "dict_observation": True}
+    saved = small_config(environment=dict_poc, normalize_observations=True, normalize_skip_keys=["cue"]).to_dict()
+    with pytest.raises(ValueError, match=r"normalize_skip_keys \['cue'\] -> \[\] \(the saved model was trained"):
+        check_resume({"config": saved}, {**saved, "normalize_skip_keys": []})
+
+
+def test_discrete_observations_and_the_symbolic_minigrid_view_are_declared_one_hot() -> None:
+    env = create_env({"type": "Gymnasium", "id": "toy_env:ToyTupleObs-v0"})  # a Tuple of Discretes, as POPGym's
+    assert all(isinstance(part, OneHot) for part in env.observation_space.values()), env.observation_space
+    env.close()
+    env = create_env({"type": "MiniGrid", "name": "MiniGrid-MemoryS7-v0", "view_size": 3, "observation": "symbolic"})
+    assert isinstance(env.observation_space, OneHot), env.observation_space
+    env.close()
+
+
+def test_a_run_on_one_hot_observations_leaves_them_as_they_are(tmp_path: object) -> None:
+    trainer = new_trainer(
+        tmp_path, "codes", environment={"type": "Gymnasium", "id": "toy_env:ToyTupleObs-v0"}, normalize_observations=True
+    )
+    try:
+        assert not trainer.model.normalizer.normalises_anything()
+        assert all(part.statistics.count == 0 for part in trainer.model.normalizer.parts), "no warm-up"
+        obs = trainer.collector.obs
+        assert all(torch.equal(value, obs[key]) for key, value in trainer.model.normalized(obs).items())
+    finally:
+        trainer.close()
