@@ -22,7 +22,8 @@ Options:
                            n_workers, and on CUDA be at most the GPU count): steps/s overall and per process, scaling
                            efficiency against 1 process, peak RSS of the largest process.
   --gpu-check              Instead: the checks for a GPU machine (lab/gpu_check.py: learning, fast == plain, CPU vs
-                           device, bfloat16, compile, torchrun) and a steps/s table; with --cpu on the CPU.
+                           device, bfloat16, compile, torchrun) and a steps/s table; without --cpu it stops at once
+                           (exit code 2) where CUDA is not available; with --cpu on the CPU.
   --check-sizes=<list>     Sizes (workers x steps) of --gpu-check's table [default: 8x128,32x512].
   --set=<key=value>        Override a config key (repeatable), as in train.py.
   --cpu                    Use the CPU even where CUDA is available.
@@ -30,8 +31,9 @@ Options:
   --overrides=<json>       (internal) config overrides for --child [default: {}].
   -h --help                Show this help.
 
-Each path runs in its own process, so its peak resident memory is its own. Times: rollout = collecting
-n_workers x worker_steps environment steps (model + environments), train = the PPO epochs on them,
+Each path runs in its own process, so its peak resident memory is its own. Each update is the trainer's own
+(PPOTrainer.train_update). Times: rollout = collecting n_workers x worker_steps environment steps (model +
+environments), train = the PPO epochs on them (and, with normalize_observations, the observation statistics' update),
 overall = both. FLOPs are counted with torch's FlopCounterMode on one rollout step and one minibatch
 (forward + backward); the share of peak compares the achieved model FLOP/s with a float32 matrix product
 measured on this machine in the same run. A second line per path gives the dtype the products ran in, the model's
@@ -61,7 +63,7 @@ import torch
 import observations
 from cli import ROOT, module_environment, parse_args, shipped_path
 from config import MEMORY_TYPES, ConfigError, check_memory_path, load_config, parse_overrides
-from lab.gpu_check import parse_sizes, run_checks
+from lab.gpu_check import missing_cuda, parse_sizes, run_checks
 from lab.measure import measure, peak_rss_mb
 from model import ActorCriticModel, runnable_compute_dtype
 from worker import Workers
@@ -252,6 +254,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure(args["--config"], overrides, args["--child"], int(args["--updates"]), device)))
         return 0
     if args["--gpu-check"]:
+        missing = None if args["--cpu"] else missing_cuda()
+        if missing:  # the checks would run on the CPU and pass, saying nothing about the GPU
+            print(f"error: --gpu-check without --cpu needs CUDA: {missing}", file=sys.stderr)
+            return 2
         try:
             sizes = parse_sizes(args["--check-sizes"])
         except ValueError as error:

@@ -1,5 +1,7 @@
 """The one command for a machine with a GPU (``python -m lab.benchmark --gpu-check``): does everything work there, and how
 fast is it? With ``--cpu`` the same checks run on the CPU, so that CI runs them and on a GPU only the device differs.
+Without ``--cpu`` on a machine where CUDA is not available it stops before any check (``missing_cuda`` says why), since
+the checks would pass on the CPU and say nothing about the GPU.
 
 Checks, each true, false or "skipped" (it cannot run on this device) in the JSON last line, whose ``passed`` is true
 only if every check that ran passed. All but ``poc_learns`` run the PoC with the transformer's shipped defaults
@@ -11,7 +13,8 @@ only if every check that ran passed. All but ``poc_learns`` run the PoC with the
   log-probabilities and values;
 - ``cpu_matches_device``: the same weights and minibatch give the same loss on the CPU and on the device (TF32 off);
   skipped with ``--cpu``, where it would compare the CPU with itself;
-- ``bfloat16``: two updates with ``compute_dtype: bfloat16`` give finite losses;
+- ``bfloat16``: two updates with ``compute_dtype: bfloat16`` compute in bfloat16 and give finite losses; skipped on a
+  CPU without bfloat16 matrix units, where the model computes in float32 instead (model.py);
 - ``compile``: two updates of the training step with ``compile: true`` run compiled graphs, and no frame fell back to
   eager (a compile error or the recompile limit); the details count graphs, frames and recompiles;
 - ``torchrun``: train.py through torchrun in a process group (NCCL on CUDA, gloo on the CPU) writes its model: two
@@ -35,7 +38,7 @@ import torch
 
 from cli import ROOT, module_environment
 from config import TRANSFORMER_SCHEMA, load_config
-from model import ActorCriticModel
+from model import BFLOAT16_UNITS, ActorCriticModel, runnable_compute_dtype
 from ppo import forward_minibatch, ppo_loss
 from trainer import PPOTrainer
 
@@ -51,6 +54,32 @@ TRANSFORMER_DEFAULTS = {f"transformer.{key}": spec[1] for key, spec in TRANSFORM
 DEFAULTS = {**SMALL, **TRANSFORMER_DEFAULTS}
 SKIPPED = "skipped"
 ROW_SECONDS = 1800  # a table row on a slow machine; a hung child must not hang the check
+
+
+def missing_cuda() -> str | None:
+    """Why the checks cannot run on a GPU here, or None where CUDA is available: torch is a CPU-only build, or it is
+    built with CUDA and finds no usable GPU (no driver, a driver too old for the build, no device visible)."""
+    if torch.cuda.is_available():
+        return None
+    instead = "or add --cpu to run the checks on the CPU"
+    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+        return (
+            f"torch {torch.__version__} is a CPU-only build (torch.version.cuda is None), so no check would run on a GPU: "
+            f"install the CUDA build of torch (a plain pip install of torch on Linux; docs/installation.md), {instead}"
+        )
+    try:  # torch's own reason, e.g. "Found no NVIDIA driver on your system" or "No CUDA GPUs are available"
+        torch.cuda.init()
+        reason = "torch.cuda.is_available() is false"
+    except Exception as error:
+        reason = str(error).strip().splitlines()[0]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    shown = "" if visible is None else f", CUDA_VISIBLE_DEVICES={visible!r}"
+    built = f"CUDA {torch.version.cuda}" if torch.version.cuda else f"ROCm {torch.version.hip}"
+    return (
+        f"torch {torch.__version__} is built with {built}, but CUDA is not available "
+        f"({reason}{shown}): check that nvidia-smi lists the GPU and that its driver is recent enough for that CUDA "
+        f"version, and that CUDA_VISIBLE_DEVICES names the GPU, {instead}"
+    )
 
 
 def trainer(device: torch.device, folder: str, path: str = "fast", **overrides: object) -> PPOTrainer:
@@ -152,16 +181,27 @@ def cpu_matches(device: torch.device, folder: str) -> tuple[bool | str, dict]:
 
 
 def finite_updates(device: torch.device, folder: str, **overrides: object) -> tuple[bool, dict]:
+    """Two of the trainer's own updates (``PPOTrainer.train_update``); passed if both losses are finite. The details
+    name the dtype the model computed in."""
     run = trainer(device, folder, **{**DEFAULTS, **overrides})
     try:
         losses = []
         for _ in range(2):
-            run.rollout()
-            stats = run.learner.optimize(run.buffer, run.update)
+            stats = run.train_update().stats
             losses.append(stats["policy_loss"] + stats["value_loss"])
     finally:
         run.close()
-    return all(map(math.isfinite, losses)), {"losses": [round(x, 5) for x in losses]}
+    return all(map(math.isfinite, losses)), {"losses": [round(x, 5) for x in losses], "compute_dtype": run.model.compute_dtype}
+
+
+def bfloat16_updates(device: torch.device, folder: str) -> tuple[bool | str, dict]:
+    """Two updates with ``compute_dtype: bfloat16``, true only if they computed in bfloat16 and their losses are finite;
+    skipped on a CPU without bfloat16 matrix units, where the model would compute in float32 (model.py)."""
+    if runnable_compute_dtype("bfloat16", device, say=False) != "bfloat16":
+        reason = f"this CPU has no bfloat16 matrix unit (none of {', '.join(BFLOAT16_UNITS)}): the model computes in float32"
+        return SKIPPED, {"reason": reason}
+    finite, details = finite_updates(device, folder, compute_dtype="bfloat16")
+    return finite and details["compute_dtype"] == "bfloat16", details
 
 
 def compiled(device: torch.device, folder: str) -> tuple[bool, dict]:
@@ -241,7 +281,7 @@ CHECKS = {
     "poc_learns": poc_learns,
     "fast_equals_plain": paths_agree,
     "cpu_matches_device": cpu_matches,
-    "bfloat16": lambda device, folder: finite_updates(device, folder, compute_dtype="bfloat16"),
+    "bfloat16": bfloat16_updates,
     "compile": compiled,
     "torchrun": torchrun,
 }
