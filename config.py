@@ -158,7 +158,10 @@ class Config:
     checkpoint_interval: int
     eval_interval: int
     eval_episodes: int
-    eval_video: bool
+    video_interval: int
+    track: bool
+    wandb_project: str
+    wandb_entity: str
     memory: str
     transformer: TransformerConfig
     recurrence: RecurrenceConfig
@@ -558,15 +561,31 @@ SCHEMA: dict[str, tuple] = {
         _POSITIVE,
         "episodes per evaluation during training (the same unseen episodes at every evaluation)",
     ),
-    "eval_video": (
+    "video_interval": (
+        int,
+        0,
+        _NON_NEGATIVE,
+        (
+            "at every this many evaluations, and at the last, also record the first evaluation episode (with "
+            "the attention strips for `memory: trxl`) as an animated GIF: TensorBoard's Images tab "
+            "`evaluation/episode`, and W&B with `track`; 0: never. Videos come with evaluations "
+            "(`eval_interval`); needs an environment that renders frames. Replaces `eval_video` (`true` is 1); "
+            "cost: [training.md](training.md#videos-of-the-agent)"
+        ),
+    ),
+    "track": (
         bool,
         False,
         None,
         (
-            "at every evaluation, also record one episode (with the attention strips for `memory: trxl`) as "
-            "an animated image in TensorBoard (Images tab); needs an environment that renders frames"
+            "also log the run to Weights & Biases (`pip install wandb`; `train.py --track` sets it): the "
+            "TensorBoard scalars against environment steps, the resolved config, the git commit and the seed, "
+            "videos; the W&B run is named after `--run-id` and a resumed run continues it; with torchrun rank 0 "
+            "alone logs ([training.md](training.md#weights-and-biases))"
         ),
     ),
+    "wandb_project": (str, "trxl-ppo", None, "with `track`: the W&B project the run goes to"),
+    "wandb_entity": (str, "", None, "with `track`: the W&B team or user it goes to (empty: the account's default)"),
     "memory": (
         str,
         "trxl",
@@ -656,6 +675,11 @@ def auto_sequence_length(n_workers: int, worker_steps: int, n_mini_batch: int, l
 
 def validate_config(raw: Any) -> Config:
     """Validate a raw config mapping and return a ``Config`` with every default filled in."""
+    if isinstance(raw, dict) and "eval_video" in raw:  # saved configs are renamed by with_saved_defaults
+        raise ConfigError(
+            f"'eval_video' ({raw['eval_video']!r}) was replaced by 'video_interval', a video at every this many "
+            "evaluations: write video_interval: 1 for eval_video: true, or leave both out for none"
+        )
     values = _check_section(raw, SCHEMA, "")
     try:
         environment = validate_env_config(values["environment"])
@@ -731,10 +755,10 @@ def validate_config(raw: Any) -> Config:
             "'kl_rollback' undoes the step before the minibatch that passes target_kl, but 'target_kl' is 0 (off): "
             "set target_kl > 0 (e.g. 0.2) or kl_rollback to false"
         )
-    if values["eval_video"] and "rgb_array" not in FAMILIES[environment["type"]].allowed_render_modes(environment):
+    if values["video_interval"] and "rgb_array" not in FAMILIES[environment["type"]].allowed_render_modes(environment):
         raise ConfigError(
-            f"'eval_video' needs frames, but a {environment['type']} environment cannot render them (no 'rgb_array' "
-            "render mode): set eval_video to false"
+            f"'video_interval' ({values['video_interval']}) records videos, which need frames, but a "
+            f"{environment['type']} environment cannot render them (no 'rgb_array' render mode): set video_interval to 0"
         )
     values["environment"] = environment
     values["transformer"] = transformer
@@ -795,8 +819,11 @@ SAVED_DEFAULTS = {
 
 
 def with_saved_defaults(saved: dict) -> dict:
-    """A copy of a saved config with each ``SAVED_DEFAULTS`` key it lacks set to the value its run used."""
+    """A copy of a saved config with each ``SAVED_DEFAULTS`` key it lacks set to the value its run used, and a renamed
+    key under its new name (``eval_video``, a video at every evaluation or none, as ``video_interval`` 1 or 0)."""
     saved = copy.deepcopy(saved)
+    if isinstance(saved, dict) and "eval_video" in saved:
+        saved.setdefault("video_interval", int(bool(saved.pop("eval_video"))))
     for key, value in SAVED_DEFAULTS.items():
         section, leaf = key.split(".")
         if isinstance(saved.get(section), dict):

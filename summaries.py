@@ -1,6 +1,7 @@
-"""What a run reports: TensorBoard summaries (x-axis: environment steps), one console line per update, and the frames
-that show what the agent attends to (the evaluation video in TensorBoard, ``eval_video``, and ``enjoy.py --record ...
---attention``): the environment's frame, then one labelled strip per block and head.
+"""What a run reports: TensorBoard summaries (x-axis: environment steps) and, with ``track``, the same to Weights &
+Biases (``Tracker``), one console line per update, and the frames that show what the agent attends to (the evaluation
+video, ``video_interval``, and ``enjoy.py --record ... --attention``): the environment's frame, then one labelled
+strip per block and head.
 
 Reading a strip: it has one cell per memory slot (``memory_length`` cells), the newest past step on the right. Cells of
 steps the agent can see are coloured by the attention weight on an absolute scale (dark = 0, yellow = 1, the bar at
@@ -12,6 +13,10 @@ an episode, where nothing is visible).
 from __future__ import annotations
 
 import io
+import os
+import re
+import subprocess
+from types import ModuleType
 
 import numpy as np
 import yaml
@@ -19,7 +24,7 @@ from PIL import Image, ImageDraw, ImageFont
 from tensorboard.compat.proto.summary_pb2 import Summary
 from torch.utils.tensorboard import SummaryWriter
 
-from config import flatten
+from config import ConfigError, flatten
 
 # stats key -> TensorBoard tag
 LOSSES = {
@@ -41,21 +46,33 @@ VALUES = ("value_mean", "return_mean", "advantage_mean", "advantage_std")  # of 
 
 
 class Summaries:
-    """TensorBoard summaries of one run in ``summary_dir``."""
+    """TensorBoard summaries of one run in ``summary_dir`` and, where a ``tracker`` is given (``track``), the same
+    scalars, config and videos in Weights & Biases."""
 
-    def __init__(self, summary_dir: str) -> None:
+    def __init__(self, summary_dir: str, tracker: Tracker | None = None) -> None:
         self.summary_dir = summary_dir
         self.writer = SummaryWriter(summary_dir)
+        self.tracker = tracker
 
     def write_config(self, config: dict, command: str, ran: dict[str, str] | None = None) -> None:
         """The config (as YAML), the command line and ``ran``, what ran where the machine changed the config's
         choice (e.g. ``compute_dtype``: float32 for bfloat16 on a CPU without bfloat16 units), under TensorBoard's
-        Text tab."""
+        Text tab, and as the tracked run's config."""
         text = yaml.safe_dump(config, sort_keys=False)
         self.writer.add_text("config", "    " + text.replace("\n", "\n    "), 0)  # indented: shown as code
         self.writer.add_text("command", f"    {command}", 0)
         if ran:
             self.writer.add_text("ran", "    " + yaml.safe_dump(ran, sort_keys=False).replace("\n", "\n    "), 0)
+        if self.tracker is not None:
+            self.tracker.config({**config, "command": command, "ran": ran or {}})
+
+    def scalars(self, values: dict[str, float], env_steps: int) -> None:
+        """Write ``values`` (tag -> value) at ``env_steps``: to TensorBoard and, when tracking, as one W&B row. Every
+        scalar of the run passes here, so both get the same ones."""
+        for tag, value in values.items():
+            self.writer.add_scalar(tag, value, env_steps)
+        if self.tracker is not None:
+            self.tracker.log(values, env_steps)
 
     def update(
         self, env_steps: int, episodes: dict[str, list[float]], stats: dict[str, float], sps: float, seconds: dict[str, float]
@@ -63,58 +80,136 @@ class Summaries:
         """Summaries of one update: the episodes that ended (metric -> one value per episode: the mean of each, the
         spread of the reward and how many ended), losses, diagnostics, value statistics, and where the time went
         (``seconds``: phase -> seconds)."""
-        for key, values in episodes.items():
-            self.writer.add_scalar(f"episode/{key}_mean", float(np.mean(values)), env_steps)
+        values = {f"episode/{key}_mean": float(np.mean(episode)) for key, episode in episodes.items()}
         rewards = episodes.get("reward", [])
-        self.writer.add_scalar("episode/count", len(rewards), env_steps)
+        values["episode/count"] = len(rewards)
         if rewards:
             for name, spread in (("min", np.min), ("max", np.max), ("std", np.std)):
-                self.writer.add_scalar(f"episode/reward_{name}", float(spread(rewards)), env_steps)
-        for key in VALUES:
-            self.writer.add_scalar(f"values/{key}", stats[key], env_steps)
-        for phase, value in seconds.items():
-            self.writer.add_scalar(f"time/{phase}_seconds", value, env_steps)
-        for key, tag in LOSSES.items():
-            if key in stats:
-                self.writer.add_scalar(tag, stats[key], env_steps)
-        for key in TRAINING:
-            self.writer.add_scalar(f"training/{key}", stats[key], env_steps)
-        self.writer.add_scalar("training/sps", sps, env_steps)
+                values[f"episode/reward_{name}"] = float(spread(rewards))
+        values.update({f"values/{key}": stats[key] for key in VALUES})
+        values.update({f"time/{phase}_seconds": value for phase, value in seconds.items()})
+        values.update({tag: stats[key] for key, tag in LOSSES.items() if key in stats})
+        values.update({f"training/{key}": stats[key] for key in TRAINING})
+        values["training/sps"] = sps
         if "update_scale_min" in stats:  # adam_update_clipping: the update's smallest step scale (1: none clipped)
-            self.writer.add_scalar("training/update_scale_min", stats["update_scale_min"], env_steps)
-        for key, value in stats.items():
-            if key.startswith("grad_norm/"):
-                self.writer.add_scalar(key, value, env_steps)
+            values["training/update_scale_min"] = stats["update_scale_min"]
+        values.update({key: value for key, value in stats.items() if key.startswith("grad_norm/")})
+        self.scalars(values, env_steps)
 
     def hparams(self, config: dict, final: dict[str, float], env_steps: int, compute_dtype: str | None = None) -> None:
         """The config (with ``compute_dtype_ran``, the compute dtype that ran, where given) and the last update's
         episode means in TensorBoard's HParams tab, so that runs compare in one table (lists and other non-scalar
-        values as text)."""
+        values as text); the means go to the tracked run as well."""
         ran = {} if compute_dtype is None else {"compute_dtype_ran": compute_dtype}
         flat = {
             key: value if isinstance(value, int | float | str | bool) else str(value)
             for key, value in {**flatten(config), **ran}.items()
         }
-        self.writer.add_hparams(
-            flat, {f"final/{key}_mean": value for key, value in final.items()}, run_name=".", global_step=env_steps
-        )
+        metrics = {f"final/{key}_mean": value for key, value in final.items()}
+        self.writer.add_hparams(flat, metrics, run_name=".", global_step=env_steps)
+        if self.tracker is not None:  # as TensorBoard's add_hparams, which writes them as scalars too
+            self.tracker.log(metrics, env_steps)
 
     def evaluation(self, env_steps: int, means: dict[str, float]) -> None:
         """Means of an evaluation on unseen episodes, under ``evaluation/``."""
-        for key, value in means.items():
-            self.writer.add_scalar(f"evaluation/{key}_mean", value, env_steps)
+        self.scalars({f"evaluation/{key}_mean": value for key, value in means.items()}, env_steps)
 
     def video(self, tag: str, frames: list[np.ndarray], env_steps: int) -> None:
-        """An animated GIF of frames (each (H, W, 3) uint8, same size), shown in TensorBoard's Images tab.
+        """An animated GIF of frames (each (H, W, 3) uint8, same size), shown in TensorBoard's Images tab and, when
+        tracking, as a W&B video.
 
         Written as the image summary that SummaryWriter.add_video makes, without add_video's moviepy dependency.
         """
         height, width = frames[0].shape[:2]
-        image = Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=gif_bytes(frames))
+        gif = gif_bytes(frames)
+        image = Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=gif)
         self.writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), env_steps)
+        if self.tracker is not None:
+            self.tracker.video(tag, gif, env_steps)
 
     def close(self) -> None:
         self.writer.close()
+        if self.tracker is not None:
+            self.tracker.finish()
+
+
+# Weights & Biases (track: true): an optional dependency, imported only when a run asks for it.
+
+STEP = "global_step"  # the x-axis of every W&B curve: environment steps, as TensorBoard's step
+WANDB_ID_CHARACTERS = re.compile(r"[^A-Za-z0-9_.-]")  # W&B refuses some characters in run ids; '/' of nested run ids
+
+
+def import_wandb() -> ModuleType:
+    """The wandb module; ConfigError naming the install command where it is missing."""
+    try:
+        import wandb
+    except ImportError:
+        raise ConfigError(
+            "'track' is true (train.py --track): logging to Weights & Biases needs wandb, which is not installed: "
+            "pip install wandb, or leave out --track (track: false)"
+        ) from None
+    return wandb
+
+
+def code_version() -> dict[str, object]:
+    """The repository's git commit and whether tracked files differ from it ({} where this is no git checkout)."""
+    root = os.path.dirname(os.path.abspath(__file__))
+    try:
+        commit = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+        changed = subprocess.run(
+            ["git", "-C", root, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, check=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return {}
+    return {"commit": commit.stdout.strip(), "dirty": bool(changed.stdout.strip())}
+
+
+def wandb_id(run_id: str, summary_dir: str) -> str:
+    """The W&B id of a run: its run id and the start time that names its summary folder ("poc-20240101-120000"), so
+    that a resumed run (which keeps its summary folder) continues the same W&B run, while a run started over with
+    --overwrite gets a new one instead of appending to the old run's curves."""
+    return WANDB_ID_CHARACTERS.sub("-", f"{run_id}-{os.path.basename(os.path.normpath(summary_dir))}")
+
+
+class Tracker:
+    """The W&B run of a training run: its name is the run id, its id ``wandb_id``, and ``resume="allow"`` continues
+    it where it exists. Its files go to W&B's folder beside the run's summaries (``summaries/<run-id>/wandb/``) unless
+    WANDB_DIR says where; WANDB_MODE=offline keeps everything on the machine (``wandb sync`` uploads it later)."""
+
+    def __init__(self, project: str, entity: str, run_id: str, seed: int, summary_dir: str) -> None:
+        wandb = import_wandb()
+        self.wandb = wandb
+        folder = os.environ.get("WANDB_DIR") or os.path.dirname(os.path.normpath(summary_dir))
+        os.makedirs(folder, exist_ok=True)
+        try:
+            self.run = wandb.init(
+                project=project, entity=entity or None, id=wandb_id(run_id, summary_dir), name=run_id, resume="allow",
+                dir=folder,
+            )  # fmt: skip
+        except Exception as error:  # wandb's own errors (not logged in, no network, ...) have no common base class
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise ConfigError(
+                f"'track' is true, and Weights & Biases did not start ({first}): log in with `wandb login`, "
+                "keep the run on this machine with WANDB_MODE=offline, or leave out --track (track: false)"
+            ) from None
+        self.run.define_metric(STEP)
+        self.run.define_metric("*", step_metric=STEP)
+        self.config({"run_id": run_id, "seed": seed, "git": code_version()})
+
+    def config(self, values: dict) -> None:
+        """Add ``values`` to the run's config; a resumed run's changes (``--set updates=...``) replace the old values."""
+        self.run.config.update(values, allow_val_change=True)
+
+    def log(self, values: dict[str, object], env_steps: int) -> None:
+        """One row of the run's history at ``env_steps``."""
+        self.run.log({**values, STEP: env_steps})
+
+    def video(self, tag: str, gif: bytes, env_steps: int) -> None:
+        """An animated GIF as a W&B video at ``env_steps``."""
+        self.log({tag: self.wandb.Video(io.BytesIO(gif), format="gif")}, env_steps)
+
+    def finish(self) -> None:
+        self.run.finish()
 
 
 def console_line(

@@ -24,6 +24,9 @@ Options:
                         transformer.memory_gradients=false) (default: "fast", or the checkpoint's on resume).
   --set=<key=value>     Override a config key, repeatable, nested with dots, e.g. --set updates=10 and
                         transformer.memory_length=16; values are YAML, an empty value is the empty string.
+  --track               Log the run to Weights & Biases as well (sets the config key track; needs pip install wandb):
+                        the scalars, the resolved config, the git commit and the seed, under the run id; on resume it
+                        continues the same W&B run; WANDB_MODE=offline keeps it on this machine.
   --threads=<n>         CPU threads of torch: where other trainings share the machine, give each its share of the cores
                         (default: OMP_NUM_THREADS, else one per core that the load average leaves free, at least 1,
                         looked at again between updates).
@@ -58,6 +61,7 @@ from config import (
 )
 from distributed import SINGLE, Ranks, all_gather
 from observations import ObservationError
+from summaries import import_wandb
 from trainer import PPOTrainer, TrainingStopped, check_memory_path
 from worker import WorkerError, usable_cores
 
@@ -246,6 +250,8 @@ def train(argv: list[str] | None, ranks: Ranks, held: contextlib.ExitStack) -> i
     checkpoint, run_id = None, args["--run-id"]
     try:
         overrides = parse_overrides(args["--set"])
+        if args["--track"]:
+            overrides["track"] = True
         if resume:
             checkpoint = load_file(resume)
             if checkpoint.get("kind") != "checkpoint":
@@ -261,6 +267,8 @@ def train(argv: list[str] | None, ranks: Ranks, held: contextlib.ExitStack) -> i
             memory_path = args["--memory-path"] or "fast"
             source = path
         check_memory_path(memory_path, config)
+        if config.track:
+            import_wandb()  # where it is missing, say so before anything starts
         if checkpoint is not None and checkpoint["update"] >= config.updates:
             print(
                 f"nothing to do: {resume} holds update {checkpoint['update']} and the run has updates = {config.updates}. "

@@ -30,7 +30,7 @@ from model import ActorCriticModel, runnable_compute_dtype
 from normalization import RewardScaler
 from ppo import NonFiniteError, PPOLearner
 from rollout import RolloutCollector, RolloutStats
-from summaries import Summaries, console_line
+from summaries import Summaries, Tracker, console_line
 from worker import WorkerError, Workers, environment_processes, usable_cores
 
 __all__ = ["PPOTrainer", "TrainingStopped", "UpdateResult", "check_memory_path"]
@@ -154,8 +154,9 @@ class PPOTrainer:
             )
             self.collector.resume(checkpoint["workers"])
         self.summary_dir = self.progress.summary_dir
-        self.summaries = Summaries(self.summary_dir) if ranks.main else None
-        if self.summaries is not None:
+        self.summaries = None
+        if ranks.main:  # rank 0 alone reports: to TensorBoard and, with track, to Weights & Biases
+            self.summaries = Summaries(self.summary_dir, start_tracking(config, self.progress, self.workers))
             self.summaries.write_config(config.to_dict(), " ".join(sys.argv), {"compute_dtype": self.model.compute_dtype})
         check_identical(self.model, ranks)
         self.snapshot: dict | None = None
@@ -210,7 +211,7 @@ class PPOTrainer:
             results = evaluate(self.model, self.config, self.device, self.config.eval_episodes, seed=EVALUATION_SEED)
             means = metric_means(results)
             self.summaries.evaluation(self.progress.env_steps, means)
-            if self.config.eval_video:
+            if video_due(self.config, self.update):
                 frames = record_episode(self.model, self.config, self.device, EVALUATION_SEED)
                 self.summaries.video("evaluation/episode", frames, self.progress.env_steps)
             print(" " + "  ".join(f"{k} {v:.3f}" for k, v in means.items() if k in ("reward", "success")))
@@ -276,6 +277,26 @@ class PPOTrainer:
         self.workers.close()
         if self.summaries is not None:
             self.summaries.close()
+
+
+def start_tracking(config: Config, progress: Progress, workers: Workers) -> Tracker | None:
+    """The run's W&B run where ``track`` asks for one; where it cannot start, the workers stop and its ConfigError
+    says why."""
+    if not config.track:
+        return None
+    try:
+        return Tracker(config.wandb_project, config.wandb_entity, progress.run_id, progress.seed, progress.summary_dir)
+    except ConfigError:
+        workers.close()
+        raise
+
+
+def video_due(config: Config, update: int) -> bool:
+    """Whether the evaluation after update ``update`` records a video: every ``video_interval``-th evaluation (the
+    updates that are multiples of eval_interval x video_interval) and the last, so a run ends with a video of its
+    final agent. Counted by updates, a resumed run keeps the rhythm."""
+    every = config.eval_interval * config.video_interval
+    return bool(every) and (update % every == 0 or update == config.updates)
 
 
 def make_model(

@@ -46,7 +46,7 @@ def test_episode_start_has_no_visible_cells() -> None:
 
 @pytest.mark.slow
 def test_eval_video_reaches_tensorboard(tmp_path: str) -> None:
-    config = small_config(updates=1, eval_interval=1, eval_episodes=1, eval_video=True)
+    config = small_config(updates=1, eval_interval=1, eval_episodes=1, video_interval=1)
     PPOTrainer(config, "video", torch.device("cpu"), models_dir=str(tmp_path), summaries_dir=str(tmp_path)).run()
     files = glob.glob(f"{tmp_path}/video/*/events.out.tfevents.*")  # the run's and, at its end, the HParams'
     videos = [

@@ -381,9 +381,9 @@ def test_training_evaluations_play_the_same_episodes(
 
 
 def test_eval_video_needs_an_environment_that_renders() -> None:
-    with pytest.raises(ConfigError, match="eval_video"):
-        small_config(environment={"type": "Failing"}, eval_video=True)
-    assert small_config(eval_video=True).eval_video
+    with pytest.raises(ConfigError, match="video_interval"):
+        small_config(environment={"type": "Failing"}, video_interval=1)
+    assert small_config(video_interval=1).video_interval
 
 
 @pytest.mark.slow
