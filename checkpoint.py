@@ -17,11 +17,14 @@ normalisation state depends on, nor anything that gives the model other paramete
 from __future__ import annotations
 
 import copy
+import json
 import os
 import tempfile
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
+import yaml
 
 import observations
 from config import Config, ConfigError, flatten, validate_config, with_saved_defaults
@@ -68,9 +71,11 @@ def save_model(model: ActorCriticModel, config: Config, path: str) -> None:
 
 
 def model_file(snapshot: dict) -> dict:
-    """The model file (as ``save_model`` writes it) of a training snapshot's weights."""
+    """The model file (as ``save_model`` writes it) of a training snapshot's weights, with how far its run had trained
+    (``training``: run id, seed, update and environment steps, for a model card; files from before lack it)."""
     keys = ("model", "config", "observation_shape", "action_dims", "actions")
-    return {"kind": "model", **{key: snapshot[key] for key in keys}}
+    training = {key: snapshot[key] for key in ("run_id", "seed", "update", "env_steps")}
+    return {"kind": "model", **{key: snapshot[key] for key in keys}, "training": training}
 
 
 def write_half_precision(source: str, target: str) -> None:
@@ -84,8 +89,66 @@ def write_half_precision(source: str, target: str) -> None:
     atomic_save({**payload, "model": weights}, target)
 
 
+# A model folder (python -m lab.export writes one, with its model card): the weights in safetensors, the observation
+# shape and the actions in the safetensors header's metadata, the resolved config as YAML.
+FOLDER_WEIGHTS, FOLDER_CONFIG = "model.safetensors", "config.yaml"
+_FOLDER_METADATA = ("observation_shape", "action_dims", "actions")  # JSON strings in the metadata
+
+
+def _safetensors() -> ModuleType:
+    """The safetensors package with its torch functions (optional: model folders only); ValueError naming the install."""
+    try:
+        import safetensors.torch
+    except ImportError:
+        raise ValueError(
+            "model folders store their weights in safetensors, which is not installed: pip install safetensors"
+        ) from None
+    return safetensors
+
+
+def write_folder(payload: dict, folder: str) -> None:
+    """Write a model file's (or a checkpoint's) model as a model folder: FOLDER_WEIGHTS (the weights as they are in
+    the file, so the folder plays exactly as the file) and FOLDER_CONFIG (the resolved config, every default filled
+    in, which ``train.py --config`` takes)."""
+    os.makedirs(folder, exist_ok=True)
+    config = validate_config(with_saved_defaults(payload["config"])).to_dict()
+    weights = {key: value.detach().cpu().contiguous().clone() for key, value in payload["model"].items()}  # no shared storage
+    metadata = {"format": "pt", **{key: json.dumps(payload[key]) for key in _FOLDER_METADATA if key in payload}}
+    path = os.path.join(folder, FOLDER_WEIGHTS)
+    _safetensors().torch.save_file(weights, path, metadata=metadata)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)  # the permissions a plain open() gives, as the config's and the card's
+    with open(os.path.join(folder, FOLDER_CONFIG), "w") as file:
+        yaml.safe_dump(config, file, sort_keys=False)
+
+
+def read_folder(folder: str) -> dict:
+    """The model of a model folder, as ``load_file`` returns a model file's."""
+    paths = [os.path.join(folder, name) for name in (FOLDER_WEIGHTS, FOLDER_CONFIG)]
+    if not all(os.path.isfile(path) for path in paths):
+        raise ValueError(
+            f"'{folder}' is a folder without {FOLDER_WEIGHTS} and {FOLDER_CONFIG}: pass a model folder written by "
+            "python -m lab.export, or a model file (models/<run-id>.nn)"
+        )
+    with _safetensors().safe_open(paths[0], framework="pt") as file:
+        metadata = file.metadata() or {}
+        weights = {key: file.get_tensor(key) for key in file.keys()}  # noqa: SIM118 - a safetensors file, no dict
+    with open(paths[1]) as file:
+        config = yaml.safe_load(file)
+    missing = [key for key in ("observation_shape", "action_dims") if key not in metadata]
+    if missing or not isinstance(config, dict):
+        raise ValueError(f"'{folder}' is not a model folder written by python -m lab.export: its metadata lacks {missing}")
+    payload = {"kind": "model", "model": weights, "config": config}
+    payload.update({key: json.loads(metadata[key]) for key in _FOLDER_METADATA if key in metadata})
+    return payload
+
+
 def load_file(path: str) -> dict:
-    """Load a model or checkpoint file, with a clear error for a missing or foreign file."""
+    """Load a model or checkpoint file (or a model folder, ``read_folder``), with a clear error for a missing or
+    foreign file."""
+    if os.path.isdir(path):
+        return read_folder(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(
             f"'{path}' does not exist: pass a file written by train.py, models/<run-id>.nn (a model) or "

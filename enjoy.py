@@ -5,7 +5,8 @@ Usage:
   enjoy.py (-h | --help)
 
 Options:
-  --model=<path>      Model file written by train.py, holding the weights and the config [default: models/run.nn].
+  --model=<path>      Model file written by train.py, holding the weights and the config, or a model folder written by
+                      python -m lab.export (its weights in safetensors and its config) [default: models/run.nn].
   --random            Play uniformly random actions instead of a model (each action entry uniform over its values or
                       within its bounds) in the environment of --config, on the same unseen seeds: the chance level to
                       compare a score with (no window; --set then changes any config key).

@@ -32,6 +32,7 @@ FLAGS_END = "<!-- end of the flag table -->"
 FLAG_PAGES = {
     "train.py": "docs/training.md",
     "enjoy.py": "docs/evaluation.md",
+    "lab/export.py": "docs/evaluation.md",
     "lab/experiment.py": "docs/experiments.md",
     "lab/plot.py": "docs/experiments.md",
     "lab/panel.py": "docs/experiments.md",
