@@ -11,12 +11,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from config import Config, validate_config  # noqa: E402
 
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    # Under `pytest -n N` (make test, make test-fast) each worker process gets one thread, as lab/experiment.py gives
-    # each of its jobs its share of the cores: N workers with a thread per core each make the threads spin.
-    import torch
+# Every test process computes on one thread: under `pytest -n N` (make test, make test-fast) each of the N workers, as
+# lab/experiment.py gives each of its jobs its share of the cores (N workers with a thread per core each make the
+# threads spin), and a lone pytest too, which otherwise spins beside whatever else the machine runs.
+import torch  # noqa: E402
 
-    torch.set_num_threads(1)
+torch.set_num_threads(1)
 
 POC_ENVIRONMENT = {"type": "PocMemoryEnv"}
 
