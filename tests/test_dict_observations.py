@@ -55,6 +55,16 @@ def test_dict_encoder_concatenates_the_keys_and_keeps_images_as_uint8() -> None:
         encoder.prepare({"image": np.zeros((1, 3, 12, 12))})
 
 
+def test_dict_encoder_embeds_each_image_before_it_meets_the_vectors() -> None:
+    """An image's thousands of raw convolution features are embedded to D on their own, so the shared embedding sees
+    D image features beside the vector, not 2304 (results/ablations/dict-cue: a cue in the vector was drowned)."""
+    encoder = DictEncoder(SHAPES, 16)
+    assert encoder.parts["image"].output_dim == 16 and encoder.embedding.in_features == 16 + 4
+    obs = encoder.prepare({"image": np.random.rand(1, 1, 3, 12, 12).astype(np.float32), "vector": np.zeros((1, 1, 4))})
+    image_features = encoder.parts["image"](obs["image"])
+    assert image_features.shape == (1, 1, 16) and bool((image_features >= 0).all()), "Linear + ReLU to D"
+
+
 def test_prepare_refuses_observations_the_model_was_not_built_for() -> None:
     with pytest.raises(
         ValueError, match=r"observations of shape \(2, 5\) do not fit the model, which was built for .* \(3,\)"
