@@ -378,3 +378,16 @@ make test-fast && make no-such-target
         "enjoy.py's usage does not accept --no-such-flag",
         "no make target no-such-target",
     ]
+
+
+def test_the_set_up_commands_say_the_same_everywhere() -> None:
+    """The README and docs/installation.md give the same `make` lines (what each does and how long it takes): the two
+    once said 4-15 and ~4 minutes for `make train`, 7-15 and ~15 for `make test`."""
+
+    def make_lines(path: str) -> list[str]:
+        with open(path, encoding="utf-8") as file:
+            return [" ".join(line.split()) for line in file if re.match(r"make (train|test|test-fast)\s+#", line)]
+
+    readme = make_lines(README_PATH)
+    assert [line.split()[1] for line in readme] == ["train", "test", "test-fast"], readme
+    assert make_lines(os.path.join(ROOT, "docs", "installation.md")) == readme
