@@ -9,12 +9,12 @@ os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
 os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from config import Config, validate_config  # noqa: E402
-
 # Every test process computes on one thread: under `pytest -n N` (make test, make test-fast) each of the N workers, as
 # lab/experiment.py gives each of its jobs its share of the cores (N workers with a thread per core each make the
 # threads spin), and a lone pytest too, which otherwise spins beside whatever else the machine runs.
 import torch  # noqa: E402
+
+from config import Config, validate_config  # noqa: E402
 
 torch.set_num_threads(1)
 

@@ -29,7 +29,8 @@ overrides["environment"] = {"type": "Gymnasium", "id": "cue_task:Cue-v0", "kwarg
 overrides.update({key: yaml.safe_load(value) for key, value in (item.split("=", 1) for item in sys.argv[3:])})
 config = load_config("configs/poc_memory_env.yaml", overrides)
 start = time.time()
-trainer = PPOTrainer(config, f"cue-{observation}-{seed}", torch.device("cpu"), seed, models_dir="/tmp/cue", summaries_dir="/tmp/cue")
+folder = "/tmp/cue"
+trainer = PPOTrainer(config, f"cue-{observation}-{seed}", torch.device("cpu"), seed, models_dir=folder, summaries_dir=folder)
 means = trainer.run(log_every=5)
 results = evaluate(trainer.model, config, torch.device("cpu"), 100, seed=1, deterministic=True)
 greedy = float(np.mean([result["success"] for result in results]))

@@ -9,9 +9,9 @@ import sys
 
 sys.path[:0] = [os.getcwd(), os.path.join(os.getcwd(), "tests")]
 
+import cue_task  # noqa: E402
 import torch  # noqa: E402
 
-import cue_task  # noqa: E402
 from encoders import make_encoder  # noqa: E402
 
 image = cue_task.step_image(0, 5)[None].transpose(0, 3, 1, 2) / 255.0  # (1, 3, 8, 8), the step's image
@@ -20,12 +20,12 @@ with torch.no_grad():
         torch.manual_seed(seed)
         both, alone = make_encoder({"image": (3, 8, 8), "vector": (3,)}, 64), make_encoder((3,), 64)
 
-        def token(cue: float, encoder: torch.nn.Module = both) -> torch.Tensor:
+        def token(cue: float, encoder: torch.nn.Module) -> torch.Tensor:
             vector = torch.tensor([[[cue, 0.0, 0.0]]])
-            if encoder is alone:
+            if not isinstance(encoder.parts if hasattr(encoder, "parts") else None, torch.nn.ModuleDict):
                 return encoder(vector)
             return encoder({"image": encoder.parts["image"].prepare(image).unsqueeze(1), "vector": vector})
 
-        share = float((token(1.0) - token(-1.0)).norm() / token(1.0).norm())
+        share = float((token(1.0, both) - token(-1.0, both)).norm() / token(1.0, both).norm())
         share_alone = float((token(1.0, alone) - token(-1.0, alone)).norm() / token(1.0, alone).norm())
         print(f"seed {seed}: dict {share:.2f}, vector alone {share_alone:.2f}")
