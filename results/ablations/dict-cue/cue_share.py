@@ -22,7 +22,7 @@ with torch.no_grad():
 
         def token(cue: float, encoder: torch.nn.Module) -> torch.Tensor:
             vector = torch.tensor([[[cue, 0.0, 0.0]]])
-            if not isinstance(encoder.parts if hasattr(encoder, "parts") else None, torch.nn.ModuleDict):
+            if not hasattr(encoder, "parts"):  # the vector alone
                 return encoder(vector)
             return encoder({"image": encoder.parts["image"].prepare(image).unsqueeze(1), "vector": vector})
 
