@@ -28,22 +28,22 @@ def make_model(positional_encoding: str, recency_bias: bool) -> ActorCriticModel
     return ActorCriticModel(small_config(options), (3,), [3])
 
 
-def same_token_ring(model: ActorCriticModel) -> TrXLState:
-    """One worker at episode step ``STEP`` whose L ring slots hold one and the same token (per block)."""
+def same_token_ring(model: ActorCriticModel, step: int = STEP) -> TrXLState:
+    """One worker at episode step ``step`` whose L ring slots hold one and the same token (per block)."""
     state = model.memory.start(1, torch.device("cpu"))
     saved = state.state_dict()
     torch.manual_seed(1)
     saved["tokens"][:] = torch.randn(saved["tokens"].shape[2:])  # (K, D) in every slot
-    steps = torch.arange(STEP - L, STEP)
+    steps = torch.arange(step - L, step)
     saved["token_steps"][0, steps % L] = steps
-    saved["episode_steps"][:] = STEP
+    saved["episode_steps"][:] = step
     state.load_state_dict(saved)
     return state
 
 
-def step_attention(model: ActorCriticModel) -> torch.Tensor:
+def step_attention(model: ActorCriticModel, step: int = STEP) -> torch.Tensor:
     """(K, H, L) attention of a rollout step over its visible past steps, oldest first, on ``same_token_ring``."""
-    state = same_token_ring(model)
+    state = same_token_ring(model, step)
     with torch.no_grad():
         out = model.memory.step(torch.randn(1, DIM, generator=torch.Generator().manual_seed(2)), state, return_attention=True)
     return torch.stack([torch.as_tensor(w) for w in model.memory.attention_over_steps(state, out.attention)])
@@ -67,6 +67,27 @@ def test_recency_bias_on_an_encoding_weighs_newer_steps_more(positional_encoding
     assert (ratio[..., 1:] > ratio[..., :-1]).all(), "the bias must favour newer steps, for every block and head"
     expected = torch.exp(-alibi_slopes(HEADS).unsqueeze(1) * (DISTANCE - 1))  # relative to the newest step
     torch.testing.assert_close(ratio / ratio[..., -1:], expected.expand_as(ratio))
+
+
+def test_rotary_attention_depends_on_the_distance_alone() -> None:
+    # Rotary turns the query by its episode step and each key by its own, so that their dot product sees only the
+    # distance: the same ring at episode step 9 and at step 409 gives the same weights. Keys turned but not the query
+    # would see the keys' absolute steps.
+    model = make_model("rotary", False)
+    torch.testing.assert_close(step_attention(model, STEP + 400), step_attention(model, STEP), rtol=1e-4, atol=1e-5)
+    relative = make_model("relative", False)  # an encoding of the absolute step tells the two apart
+    assert not torch.allclose(step_attention(relative, STEP + 400), step_attention(relative, STEP), atol=1e-3)
+
+
+@pytest.mark.parametrize("positional_encoding, recency_bias", [("rotary", False), ("alibi", False), ("relative", True)])
+def test_attention_by_distance_without_the_steps_is_a_clear_error(positional_encoding: str, recency_bias: bool) -> None:
+    transformer = make_model(positional_encoding, recency_bias).memory.transformer
+    mask = torch.ones(1, 1, L, dtype=torch.bool)
+    with pytest.raises(ValueError, match="needs the episode steps of the queries and memory slots: pass query_steps"):
+        transformer.attention_mask(mask, None, None)
+    if recency_bias or positional_encoding == "alibi":  # the bias needs the slots' steps as well
+        with pytest.raises(ValueError, match="pass query_steps and key_steps"):
+            transformer.attention_mask(mask, torch.tensor([[STEP]]), None)
 
 
 # ALiBi's slopes as exponents of 2 (Press et al. 2022): for H a power of two -8 i / H, i = 1..H; otherwise those of the
