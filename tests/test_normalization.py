@@ -15,7 +15,7 @@ from conftest import RandomWorkers, resume_matches_uninterrupted, small_config, 
 
 import normalization
 from buffer import Buffer
-from checkpoint import check_resume, load_model
+from checkpoint import check_resume, load_model, save_model, write_half_precision
 from config import ConfigError
 from environments import create_env
 from environments.action_spec import ActionSpec
@@ -304,3 +304,81 @@ def test_a_run_on_one_hot_observations_leaves_them_as_they_are(tmp_path: object)
         assert all(torch.equal(value, obs[key]) for key, value in trainer.model.normalized(obs).items())
     finally:
         trainer.close()
+
+
+def test_observations_and_rewards_are_clipped_at_both_ends() -> None:
+    normalizers = VectorNormalizers((2,), clip=2.0)
+    normalizers.update(torch.tensor([[-1.0, 10.0], [1.0, 30.0]]))  # mean (0, 20), std (1, 10)
+    normalised = normalizers(torch.tensor([[-100.0, 20.0], [100.0, -1000.0]]))
+    torch.testing.assert_close(normalised, torch.tensor([[-2.0, 0.0], [2.0, -2.0]]))
+    scaler = RewardScaler(1, gamma=0.0, clip=1.0, device=CPU)  # gamma 0: the returns are the rewards, std about 70.7
+    scaled = scaler.scale(torch.tensor([[1.0, -1.0, 100.0, -100.0]]), torch.zeros(1, 4, dtype=torch.bool))
+    std = np.sqrt(np.var([1.0, -1.0, 100.0, -100.0]) + normalization.EPSILON)
+    torch.testing.assert_close(scaled, torch.tensor([[1 / std, -1 / std, 1.0, -1.0]], dtype=torch.float32))
+
+
+def test_observations_with_any_leading_axes_are_taken_in_as_rows_of_features() -> None:
+    for leading in [(), (3, 5)]:  # one observation (F,), or workers x steps (N, T, F)
+        obs = torch.randn(*leading, 4) * torch.tensor([1.0, 10.0, 100.0, 1000.0])
+        normalizers = VectorNormalizers((4,), clip=10.0)
+        normalizers.update(obs)
+        expected = RunningMeanStd((4,))
+        expected.update(obs.reshape(-1, 4))
+        assert_same_statistics(normalizers.parts[0].statistics, expected, f"observations {tuple(obs.shape)}")
+
+
+def test_the_statistics_are_summed_over_the_ranks_they_are_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Under torchrun every rank takes the sums of all ranks in (all_reduce_sum with the run's Ranks); a part that fell
+    # back to the default (one process) would leave each rank with statistics of its own.
+    ranks, seen = object(), []
+    monkeypatch.setattr(normalization, "all_reduce_sum", lambda tensor, given: seen.append(given) or tensor)
+    VectorNormalizers({"a": (2,), "b": (3,), "image": (3, 4, 4)}, clip=5.0).update(
+        {"a": torch.zeros(4, 2), "b": torch.ones(4, 3), "image": torch.zeros(4, 3, 4, 4)}, ranks
+    )
+    RewardScaler(2, gamma=0.9, clip=10.0, device=CPU).scale(torch.ones(2, 3), torch.zeros(2, 3, dtype=torch.bool), ranks)
+    assert len(seen) == 3 and all(given is ranks for given in seen), seen
+
+
+def test_the_reward_scaler_keeps_its_state_on_the_device_it_is_given() -> None:
+    meta = torch.device("meta")  # a device other than the CPU that needs no GPU
+    scaler = RewardScaler(3, gamma=0.9, clip=10.0, device=meta)
+    assert scaler.returns.device == meta and all(value.device == meta for value in scaler.statistics.state_dict().values())
+
+
+def test_the_reward_scalers_state_restores_its_statistics_and_running_returns() -> None:
+    scaler = RewardScaler(2, gamma=0.9, clip=10.0, device=CPU)
+    scaler.scale(torch.tensor([[1.0, 2.0, 0.5], [3.0, 0.0, 1.0]]), torch.tensor([[False, True, False], [False] * 3]))
+    state = scaler.state_dict()
+    restored = RewardScaler(2, gamma=0.9, clip=10.0, device=CPU)
+    restored.load_state_dict(state)
+    assert_same_statistics(restored.statistics, scaler.statistics, "restored")
+    assert torch.equal(restored.returns, scaler.returns) and restored.returns.abs().min() > 0
+    scaler.scale(torch.ones(2, 1), torch.zeros(2, 1, dtype=torch.bool))
+    assert torch.equal(state["returns"], restored.returns), "the state is a copy, not the running tensors"
+
+
+def test_the_running_returns_and_their_statistics_are_kept_in_float64() -> None:
+    # Float32 returns would round each return to 7 digits before it reaches the float64 statistics.
+    rewards = torch.rand(3, 50, generator=torch.Generator().manual_seed(0)) * 10
+    scaler = RewardScaler(3, gamma=0.99, clip=10.0, device=CPU)
+    scaler.scale(rewards, torch.zeros(3, 50, dtype=torch.bool))
+    returns = np.zeros((3, 50))
+    running = np.zeros(3)
+    for t in range(50):
+        running = running * 0.99 + rewards[:, t].double().numpy()
+        returns[:, t] = running
+    np.testing.assert_allclose(scaler.statistics.var.item(), returns.var(), rtol=1e-12)
+    np.testing.assert_allclose(scaler.returns.numpy(), running, rtol=1e-14)
+
+
+def test_a_model_written_in_half_precision_keeps_its_statistics_exact(tmp_path: object) -> None:
+    # checkpoint.write_half_precision halves the float32 tensors: the statistics are float64, so a count past
+    # float16's largest number (65504) and a mean with more digits than float16's 3 survive it.
+    config = small_config(normalize_observations=True)
+    model = ActorCriticModel(config, (3,), [3])
+    model.normalizer.update(torch.randn(70_000, 3, generator=torch.Generator().manual_seed(0)) * 1000 + 12345.678)
+    save_model(model, config, str(tmp_path / "full.pt"))
+    write_half_precision(str(tmp_path / "full.pt"), str(tmp_path / "half.pt"))
+    half, _ = load_model(str(tmp_path / "half.pt"), CPU)
+    assert_same_statistics(half.normalizer.parts[0].statistics, model.normalizer.parts[0].statistics, "half precision")
+    assert half.normalizer.parts[0].statistics.count.item() == 70_000
