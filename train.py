@@ -43,8 +43,6 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from typing import TypeVar
 
 import torch
 
@@ -65,7 +63,6 @@ from summaries import import_wandb
 from trainer import PPOTrainer, TrainingStopped, check_memory_path
 from worker import WorkerError, usable_cores
 
-T = TypeVar("T")
 MIN_FREE_MB = 100  # refuse to start with less free disk space than this for models and summaries
 DEFAULT_CONFIG = "configs/poc_memory_env.yaml"
 MODELS_DIR, SUMMARIES_DIR = "models", "summaries"  # relative to the current folder, as PPOTrainer's defaults
@@ -178,15 +175,6 @@ class LoadThreads:
                   flush=True)  # fmt: skip
             self.threads = threads
             torch.set_num_threads(threads)
-
-    def between_updates(self, train_update: Callable[[], T]) -> Callable[[], T]:
-        """``train_update`` (the trainer's, which its run loop calls once per update) with a look at the load first."""
-
-        def looked_first() -> T:
-            self.look()
-            return train_update()
-
-        return looked_first
 
 
 def hold_run(run_id: str, argv: list[str] | None, ranks: Ranks, held: contextlib.ExitStack) -> None:
@@ -311,11 +299,9 @@ def train(argv: list[str] | None, ranks: Ranks, held: contextlib.ExitStack) -> i
             raise
         print(f"error: the checkpoint does not fit this environment or config: {error}", file=sys.stderr)
         return 2
-    if load_threads is not None:
-        trainer.train_update = load_threads.between_updates(trainer.train_update)
     print(f"summaries: {trainer.summary_dir} (tensorboard --logdir {SUMMARIES_DIR})", flush=True)
     try:
-        trainer.run()
+        trainer.run(before_update=None if load_threads is None else load_threads.look)
     except TrainingStopped as error:
         print(error, file=sys.stderr)
         print(f"summaries: {trainer.summary_dir}", file=sys.stderr)

@@ -14,6 +14,7 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -218,8 +219,8 @@ class PPOTrainer:
         wait_for_main(self.ranks)
         return means
 
-    def run(self, log_every: int = 1) -> dict[str, float]:
-        """Train until ``updates``; returns the episode means of the last update in which episodes ended.
+    def run(self, log_every: int = 1, before_update: Callable[[], None] | None = None) -> dict[str, float]:
+        """Train until ``updates``, calling ``before_update`` before each; returns the last episode means.
 
         Stops early with ``TrainingStopped`` on SIGINT/SIGTERM or any error, after writing the snapshot of the last
         completed update as checkpoint and model file.
@@ -233,6 +234,8 @@ class PPOTrainer:
         try:
             self.snapshot = self.snapshot_state()
             while self.update < config.updates:
+                if before_update is not None:
+                    before_update()
                 done = self.train_update()
                 line = self.log(done)
                 self.progress.update += 1

@@ -44,10 +44,7 @@ class FakeTrainer:
         self.model_path = os.path.join("models", f"{run_id}.nn")
         self.checkpoint_path = os.path.join("models", run_id, "checkpoint.pt")
 
-    def run(self) -> dict:
-        return {}
-
-    def train_update(self) -> dict:
+    def run(self, **_: object) -> dict:
         return {}
 
 
@@ -173,7 +170,7 @@ def test_the_lock_is_held_while_training_and_gone_after(
     lock = os.path.join("models", "held.lock")
     seen = []
 
-    def run(self: FakeTrainer) -> dict:
+    def run(self: FakeTrainer, **_: object) -> dict:
         with pytest.raises(cli.RunInUse, match=f"process {os.getpid()} "):
             cli.RunLock("models", "held", "a second command").acquire()
         seen.append(os.path.isfile(lock))
@@ -219,7 +216,7 @@ def test_misspelt_flag_is_named_with_the_closest_flag(
 
 def test_flags_come_from_the_usage_text() -> None:
     assert cli.usage_flags(train.__doc__) == [
-        "--config", "--run-id", "--resume", "--overwrite", "--cpu", "--seed", "--memory-path", "--set", "--threads",
+        "--config", "--run-id", "--resume", "--overwrite", "--cpu", "--seed", "--memory-path", "--set", "--track", "--threads",
         "--help",
     ]  # fmt: skip
     assert cli.unknown_flags(["--conf=x", "--c", "--cpu", "--nope", "--", "--later"], cli.usage_flags(train.__doc__)) == [

@@ -530,7 +530,12 @@ def test_a_training_gives_up_threads_to_trainings_started_beside_it(
     try:
         torch.set_num_threads(2)
         threads = train.LoadThreads()
-        step = threads.between_updates(lambda: torch.get_num_threads())
+
+        def step() -> int:
+            """What the next update trains with: the threads after train.py's look before it."""
+            threads.look()
+            return torch.get_num_threads()
+
         assert threads.threads == 2 and step() == 2
 
         def later(load: float, own: float) -> int:
