@@ -2,7 +2,7 @@
 PYTHON ?= python3
 export SDL_AUDIODRIVER ?= dummy
 
-.PHONY: install install-dev train test test-fast lint
+.PHONY: install install-dev train test test-fast lint mutation
 
 install:
 	$(PYTHON) -m pip install -q -r requirements.txt
@@ -26,3 +26,11 @@ test: lint
 # processes; `make test` (what CI runs) is the whole suite.
 test-fast: install-dev
 	$(PYTHON) -m pytest -q -m "not slow" -n 2
+
+# Mutation testing of the core's numerics (docs/testing.md#mutation-testing), not part of `make test`: mutmut's
+# mutants of the losses, GAE, masks and normalisation against their unit tests, one process (3-7 minutes on the
+# shared 2-core machine), then the counts and each surviving mutant's diff. mutmut is installed here, not in requirements-dev.txt:
+# it brings textual, libcst and coverage, which `make test` does not need.
+mutation: install-dev
+	$(PYTHON) -m pip install -q mutmut==3.8.1
+	$(PYTHON) -m lab.mutation

@@ -39,6 +39,7 @@ FLAG_PAGES = {
     "lab/tune.py": "docs/tuning.md",
     "lab/benchmark.py": "docs/benchmark.md",
     "lab/docs.py": "docs/testing.md",
+    "lab/mutation.py": "docs/testing.md",
 }
 # A word of a usage text that is code on a page: a flag, a key=value, a path, a <placeholder>, a file extension, a
 # CONSTANT_NAME, a snake_case_name, a file name, a comma-separated list of values ("1,2,4"). "K/V" stays a word: a
