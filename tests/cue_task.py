@@ -12,8 +12,10 @@ one answers: reward 1 and info["success"] 1.0 when it names the cue, else 0. An 
 - "dict": {"image": the image without the cue pixel, "vector": the vector} (the cue in the vector only), as the
   issue's Dict task: the image shows the step alone.
 - "tuple": Tuple(Discrete(3): 0 or 1 + cue at step 0, Discrete(length + 1): t).
-- "discrete": Discrete(3 * (length + 1), start=1): 1 + code * (length + 1) + t, code 0 or 1 + cue at step 0.
-- "multidiscrete": MultiDiscrete([3, length + 1], start=[1, 1]): [1 + code, 1 + t].
+- "discrete": Discrete(2 * length + 1, start=1): 1 + code * length + t, code 0 or 1 + cue at step 0 (so cue 1 is
+  the largest code, 2 * length + 1).
+- "multidiscrete": MultiDiscrete([3, length], start=[1, 1]): [1 + code, 1 + t] (the answer step the largest code).
+Both use their space's largest code, so that an encoder that ignores ``start`` fails on it.
 
 ``action`` is "discrete" (Discrete(2)), "multidiscrete" (MultiDiscrete([2, 3]); the first branch answers) or
 "continuous" (Box(-1, 1, (1,)); the answer is 1 when the action is positive).
@@ -63,8 +65,8 @@ class CueEnv(gymnasium.Env):
             "image": image,
             "dict": spaces.Dict({"image": image, "vector": vector}),
             "tuple": spaces.Tuple((spaces.Discrete(3), spaces.Discrete(length + 1))),
-            "discrete": spaces.Discrete(3 * (length + 1), start=1),
-            "multidiscrete": spaces.MultiDiscrete([3, length + 1], start=[1, 1]),
+            "discrete": spaces.Discrete(2 * length + 1, start=1),
+            "multidiscrete": spaces.MultiDiscrete([3, length], start=[1, 1]),
         }[observation]
         self.action_space = {
             "discrete": spaces.Discrete(2),
@@ -106,7 +108,7 @@ class CueEnv(gymnasium.Env):
         if self.kind == "tuple":
             return (code, t)
         if self.kind == "discrete":
-            return 1 + code * (length + 1) + t
+            return 1 + code * length + t
         return np.array([1 + code, 1 + t], dtype=np.int64)
 
     def render(self) -> np.ndarray:
