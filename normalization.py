@@ -54,29 +54,29 @@ class RunningMeanStd(nn.Module):
         self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
         self.register_buffer("count", torch.zeros((), dtype=torch.float64))
 
-    @torch.no_grad()
     def update(self, batch: torch.Tensor, ranks: Ranks = SINGLE) -> None:
         """Take in ``batch`` (M, *shape) of this rank, with the batches of all other ranks (which must call too).
 
         The sums are taken around the current mean, so that one all-reduce of (count, sum, sum of squares) merges the
         ranks without the cancellation of raw sums of squares.
         """
-        shifted = batch.to(torch.float64).reshape(-1, *self.mean.shape) - self.mean  # (M, *shape)
-        sums = torch.cat([torch.tensor([float(len(shifted))], dtype=torch.float64, device=shifted.device),
-                          shifted.sum(0).reshape(-1), shifted.square().sum(0).reshape(-1)])  # fmt: skip
-        sums = all_reduce_sum(sums, ranks)
-        n = sums[0]
-        if n == 0:
-            return
-        size = self.mean.numel()
-        batch_mean = sums[1 : 1 + size].view_as(self.mean) / n  # relative to the old mean
-        batch_var = (sums[1 + size :].view_as(self.mean) / n - batch_mean.square()).clamp(min=0)
-        total = self.count + n
-        # Chan et al.'s parallel combination of two (count, mean, M2) triples, the old one's mean at 0 after the shift.
-        m2 = self.var * self.count + batch_var * n + batch_mean.square() * self.count * n / total
-        self.mean += batch_mean * n / total
-        self.var.copy_(m2 / total)
-        self.count.copy_(total)
+        with torch.no_grad():  # a block, not a decorator: mutmut mutates only undecorated functions
+            shifted = batch.to(torch.float64).reshape(-1, *self.mean.shape) - self.mean  # (M, *shape)
+            sums = torch.cat([torch.tensor([float(len(shifted))], dtype=torch.float64, device=shifted.device),
+                              shifted.sum(0).reshape(-1), shifted.square().sum(0).reshape(-1)])  # fmt: skip
+            sums = all_reduce_sum(sums, ranks)
+            n = sums[0]
+            if n == 0:
+                return
+            size = self.mean.numel()
+            batch_mean = sums[1 : 1 + size].view_as(self.mean) / n  # relative to the old mean
+            batch_var = (sums[1 + size :].view_as(self.mean) / n - batch_mean.square()).clamp(min=0)
+            total = self.count + n
+            # Chan et al.'s parallel combination of two (count, mean, M2) triples, the old one's mean at 0 after the shift.
+            m2 = self.var * self.count + batch_var * n + batch_mean.square() * self.count * n / total
+            self.mean += batch_mean * n / total
+            self.var.copy_(m2 / total)
+            self.count.copy_(total)
 
     def std(self) -> torch.Tensor:
         """sqrt(var + EPSILON), float32."""
@@ -184,17 +184,17 @@ class RewardScaler:
         self.statistics = RunningMeanStd().to(device)
         self.returns = torch.zeros(n_workers, dtype=torch.float64, device=device)
 
-    @torch.no_grad()
     def scale(self, rewards: torch.Tensor, ended: torch.Tensor, ranks: Ranks = SINGLE) -> torch.Tensor:
         """The rewards (N, T) of a rollout, scaled and clipped, after taking the rollout's returns into the statistics;
         ``ended`` (N, T) is True where an episode ended at that step (terminated or truncated)."""
-        returns = torch.empty_like(rewards, dtype=torch.float64)  # (N, T)
-        for t in range(rewards.shape[1]):
-            self.returns = self.returns * self.gamma + rewards[:, t]
-            returns[:, t] = self.returns
-            self.end_episodes(ended[:, t])
-        self.statistics.update(returns.reshape(-1), ranks)
-        return (rewards / self.statistics.std()).clamp(-self.clip, self.clip)
+        with torch.no_grad():  # a block, not a decorator: mutmut mutates only undecorated functions
+            returns = torch.empty_like(rewards, dtype=torch.float64)  # (N, T)
+            for t in range(rewards.shape[1]):
+                self.returns = self.returns * self.gamma + rewards[:, t]
+                returns[:, t] = self.returns
+                self.end_episodes(ended[:, t])
+            self.statistics.update(returns.reshape(-1), ranks)
+            return (rewards / self.statistics.std()).clamp(-self.clip, self.clip)
 
     def end_episodes(self, ended: torch.Tensor) -> None:
         """Restart the running return of the workers whose episode ended, ``ended`` (N,) bool."""
