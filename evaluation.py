@@ -153,11 +153,7 @@ def random_play(env_config: dict, episodes: int, seed: int = 0) -> list[dict[str
             reset_lanes(env, episode_seed(seed, 0, episode, evaluation=True))
             ended = []
             while not ended:
-                if spec.continuous:
-                    actions = rng.uniform(spec.low, spec.high, size=(lanes, spec.width))
-                else:
-                    actions = rng.integers(0, spec.counts, size=(lanes, spec.width))
-                _, _, _, _, ended = step_lanes(env, list(actions))
+                _, _, _, _, ended = step_lanes(env, list(spec.sample(lanes, rng)))
             results.extend({key: float(value) for key, value in lane.items()} for lane in ended)
     finally:
         env.close()

@@ -21,7 +21,6 @@ import torch
 import observations
 from buffer import Buffer
 from distributed import SINGLE, Ranks, Rows
-from environments.action_spec import ActionSpec
 from memories.base import MemoryState
 from model import ActorCriticModel
 from normalization import RewardScaler
@@ -155,7 +154,9 @@ class RolloutCollector:
         obs = self.obs
         for _ in range(self.worker_steps):
             normalizer.update(obs, self.ranks)
-            actions = random_actions(self.workers.action_spec, rows.total, rng)[rows.first : rows.first + self.n_workers]
+            actions = self.workers.action_spec.sample(rows.total, rng)[rows.first : rows.first + self.n_workers]
+            if self.workers.action_spec.continuous:
+                actions = actions.astype(np.float32)
             obs = self.model.prepare(self.workers.step(actions).obs)
         self.start(self.workers.reset())
 
@@ -168,10 +169,3 @@ class RolloutCollector:
     def values(self, obs: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
         """Values (n,) of observations (n, *obs_shape) at the current step of workers ``index`` (all), with their memory."""
         return self.model.step(obs, self.state, index).value
-
-
-def random_actions(spec: ActionSpec, n: int, rng: np.random.Generator) -> np.ndarray:
-    """(n, A) actions drawn uniformly: each count's codes (int64), or within a Box's bounds (float32)."""
-    if spec.continuous:
-        return rng.uniform(spec.low, spec.high, size=(n, spec.width)).astype(np.float32)
-    return rng.integers(0, spec.counts, size=(n, spec.width))

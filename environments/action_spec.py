@@ -61,6 +61,12 @@ class ActionSpec:
             return cls(tuple(value.get("counts", ())), tuple(value.get("low", ())), tuple(value.get("high", ())))
         return cls(counts=tuple(int(n) for n in value))
 
+    def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """(n, A) actions drawn uniformly: each entry's codes (int64), or within the Box's bounds (float64)."""
+        if self.continuous:
+            return rng.uniform(self.low, self.high, size=(n, self.width))
+        return rng.integers(0, self.counts, size=(n, self.width))
+
     def __str__(self) -> str:
         """The counts (e.g. [3]) or the Box's bounds, for messages."""
         if self.continuous:
