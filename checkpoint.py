@@ -303,6 +303,12 @@ def restore_training(
     # The optimizer's moments come from the checkpoint, its settings (epsilon) from the run's config: load_state_dict
     # would restore the saved ones, and a `--set adam_epsilon=...` on resume would be ignored without a word.
     settings = [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
+    saved_groups = len(payload["optimizer"]["param_groups"])
+    if saved_groups != len(settings):
+        raise ValueError(
+            f"the checkpoint's optimizer has {saved_groups} parameter group(s) and this config's {len(settings)}: "
+            "memory_learning_rate_scale was 1 on one side and not on the other; resume with the scale it was trained with"
+        )
     optimizer.load_state_dict(payload["optimizer"])
     for group, setting in zip(optimizer.param_groups, settings, strict=True):
         group.update(setting)

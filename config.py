@@ -149,6 +149,7 @@ class Config:
     adam_epsilon_schedule: Schedule
     adam_update_clipping: bool
     weight_decay: float
+    memory_learning_rate_scale: float
     target_kl: float
     kl_rollback: bool
     n_processes: int
@@ -266,10 +267,11 @@ TRANSFORMER_SCHEMA: dict[str, tuple] = {
         bool,
         True,
         None,
-        "add ALiBi's fixed recency bias (-slope x distance per head) to the attention scores, on top of a "
-        "`relative`, `learned` or `rotary` `positional_encoding` (`alibi` is that bias alone, whatever this says): "
-        "attention knows when in the episode a step was and prefers recent steps (the reference has no bias; models "
-        "saved before 2026-12-05 load with false)",
+        "add ALiBi's fixed recency bias (-slope x distance per head) to the attention scores, on top of any "
+        '`positional_encoding` (`relative`, `learned`, `rotary` or none, `""`; `alibi` is that bias alone, '
+        "whatever this says): attention prefers recent steps, strongly with 4 or more heads, barely with one (its "
+        "slope is 2^-8: [memory.md](memory.md)) (the reference has no bias; models saved before 2026-12-05 load "
+        "with false)",
     ),
     "output_norm": (
         bool,
@@ -466,6 +468,17 @@ SCHEMA: dict[str, tuple] = {
         (
             "AdamW's decoupled weight decay, on every parameter (gate biases, layer norms and learned "
             "positions included), as the reference's AdamW with torch's default"
+        ),
+    ),
+    "memory_learning_rate_scale": (
+        float,
+        1.0,
+        _POSITIVE,
+        (
+            "the memory's parameters (TrXL: its input embedding, blocks and learned positions; GRU/LSTM: the "
+            "recurrent layers and the Linear + ReLU after them) train at this multiple of the learning rate, the "
+            "encoder and the heads at the rate itself; 1 (the reference's): one rate for all. A run resumes only "
+            "with the scale's side of 1 it was trained with (two parameter groups or one)"
         ),
     ),
     "target_kl": (

@@ -235,6 +235,17 @@ class StepSnapshot:
 STAT_KEYS = ("policy_loss", "value_loss", "entropy", "total_loss", "approx_kl", "clip_fraction")
 
 
+def parameter_groups(model: nn.Module, memory_scale: float) -> list[dict]:
+    """The optimizer's parameter groups: one group of every parameter where ``memory_scale`` is 1 (the reference's),
+    else the memory's parameters in a group of their own whose rate is ``memory_scale`` times the learning rate
+    (its ``lr_scale``; ``PPOLearner.optimize`` sets each group's rate)."""
+    memory = {id(p) for p in model.memory.parameters()}
+    if memory_scale == 1.0 or not memory:  # no memory (memory: none) has no parameters of its own
+        return [{"params": list(model.parameters()), "lr_scale": 1.0}]
+    rest = [p for p in model.parameters() if id(p) not in memory]
+    return [{"params": rest, "lr_scale": 1.0}, {"params": list(model.memory.parameters()), "lr_scale": memory_scale}]
+
+
 class PPOLearner:
     """Runs the PPO epochs over a filled buffer with the config's schedules.
 
@@ -254,7 +265,7 @@ class PPOLearner:
         self.stat_keys = STAT_KEYS + (("reconstruction_loss",) if config.reconstruction_coefficient > 0 else ())
         # The fused implementation is several times faster than the per-tensor loop, on the CPU too.
         self.optimizer = torch.optim.AdamW(
-            model.parameters(),
+            parameter_groups(model, config.memory_learning_rate_scale),
             lr=config.learning_rate_schedule.initial,
             eps=config.adam_epsilon,
             weight_decay=config.weight_decay,
@@ -273,7 +284,7 @@ class PPOLearner:
         clip_range = config.clip_range_schedule.value(update)
         epsilon = config.adam_epsilon_schedule.value(update)
         for group in self.optimizer.param_groups:
-            group["lr"], group["eps"] = learning_rate, epsilon
+            group["lr"], group["eps"] = learning_rate * group.get("lr_scale", 1.0), epsilon
         stats: dict[str, list[float]] = defaultdict(list)
         minibatches = (  # each epoch cuts its minibatches when the one before is done
             minibatch

@@ -1,0 +1,78 @@
+"""memory_learning_rate_scale: the memory's parameters take steps at that multiple of the learning rate, every other
+parameter at the rate itself; at 1 the optimizer keeps its one group (checkpoints of either kind resume only as they
+were trained)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import small_config, train_small
+from test_equivalence import L, N, T, make_model, rollouts
+
+from config import ConfigError
+from ppo import PPOLearner
+
+RATE = 1e-3
+
+
+def one_step(scale: float) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], PPOLearner]:
+    """One minibatch's step from the same weights, rollout and minibatch; returns the weights before and after."""
+    torch.manual_seed(0)
+    model = make_model("", "pre", False)
+    buffer, _ = rollouts(model)
+    config = small_config(
+        {"memory_length": L}, n_workers=N, worker_steps=T, n_mini_batch=1, epochs=1, sequence_length=T,
+        memory_learning_rate_scale=scale, learning_rate_schedule={"initial": RATE, "final": RATE, "max_decay_steps": 1},
+    )  # fmt: skip
+    learner = PPOLearner(model, config, torch.Generator().manual_seed(0))
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    learner.optimize(buffer, 0)
+    return before, {name: p.detach().clone() for name, p in model.named_parameters()}, learner
+
+
+def relative_gap(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm()).item()
+
+
+def test_the_memory_steps_at_its_scale_and_the_rest_at_the_rate() -> None:
+    before, plain, _ = one_step(1.0)
+    _, scaled, learner = one_step(0.25)
+    assert [group["lr"] for group in learner.optimizer.param_groups] == [RATE, 0.25 * RATE]
+    memory_moved = other_moved = 0
+    for name, start in before.items():
+        step_plain, step_scaled = plain[name] - start, scaled[name] - start
+        if not step_plain.abs().max() > 0:
+            continue  # a parameter without a gradient in this minibatch
+        if name.startswith("memory."):
+            # AdamW's first step is the rate times a unit-sized direction, and decay scales with the rate too.
+            # (compared as norms: a float32 weight holds a step of 2.5e-4 to about 1e-7)
+            assert relative_gap(step_scaled, 0.25 * step_plain) < 1e-2, name
+            memory_moved += 1
+        else:
+            assert relative_gap(step_scaled, step_plain) < 1e-3, name
+            other_moved += 1
+    assert memory_moved and other_moved
+
+
+def test_at_one_every_parameter_is_in_one_group() -> None:
+    _, _, learner = one_step(1.0)
+    (group,) = learner.optimizer.param_groups
+    assert len(group["params"]) == len(list(learner.model.parameters()))
+
+
+def test_the_scale_must_be_positive() -> None:
+    with pytest.raises(ConfigError, match="memory_learning_rate_scale"):
+        small_config(memory_learning_rate_scale=0.0)
+
+
+@pytest.mark.slow
+def test_resume_across_the_scales_side_of_one_is_refused(tmp_path: str) -> None:
+    first = train_small(tmp_path, "run", 1)
+    checkpoint = torch.load(first.checkpoint_path, weights_only=True)
+    with pytest.raises(ValueError, match="memory_learning_rate_scale"):
+        train_small(tmp_path, "run", 2, checkpoint=checkpoint, memory_learning_rate_scale=0.5)
+    scaled = train_small(tmp_path, "scaled", 1, memory_learning_rate_scale=0.5)
+    checkpoint = torch.load(scaled.checkpoint_path, weights_only=True)
+    resumed = train_small(tmp_path, "scaled", 2, checkpoint=checkpoint, memory_learning_rate_scale=0.3)
+    groups = resumed.learner.optimizer.param_groups
+    assert [group["lr"] / groups[0]["lr"] for group in groups] == pytest.approx([1.0, 0.3])
