@@ -276,7 +276,61 @@ def tally(rows: list[dict]) -> dict[str, dict]:
     return result
 
 
-def table(rows: list[dict], panel_id: str) -> str:
+def discriminating(rows: list[dict], variants: Iterable[str] = (), control: str = "none") -> dict[str, bool]:
+    """Per task with a ``control`` row (no memory) and another memory's (variants aside): whether the task tells
+    memories apart, that is whether some memory's interval lies wholly above the control's."""
+    variants = set(variants) | {control}
+    controls = {entry["task"]: entry for entry in rows if entry["memory"] == control}
+    result: dict[str, bool] = {}
+    for entry in rows:
+        if entry["memory"] in variants or entry["task"] not in controls:
+            continue
+        above = entry["ci"][0] > controls[entry["task"]]["ci"][1]
+        result[entry["task"]] = result.get(entry["task"], False) or above
+    return result
+
+
+def clearly_below(rows: list[dict], variants: Iterable[str] = ()) -> dict[str, list[str]]:
+    """Per memory, the tasks where its interval lies wholly below that of another memory (variants aside), as
+    "task (under memory, ...)"."""
+    variants = set(variants)
+    result: dict[str, list[str]] = {}
+    for entry in rows:
+        under = [
+            other["memory"] for other in rows
+            if other["task"] == entry["task"] and other["memory"] not in variants and other["ci"][0] > entry["ci"][1]
+        ]  # fmt: skip
+        if under:
+            result.setdefault(entry["memory"], []).append(f"{entry['task']} (under {', '.join(under)})")
+    return result
+
+
+def discrimination_lines(rows: list[dict], variants: Iterable[str] = ()) -> list[str]:
+    """The table's lines on the tasks that tell memories apart (``discriminating``): which they are, and per memory
+    on how many of them it is the best or inside the best one's interval, and where it is clearly below another."""
+    tasks = discriminating(rows, variants)
+    if not tasks:
+        return []
+    apart = [task for task, telling in tasks.items() if telling]
+    rest = [task for task, telling in tasks.items() if not telling]
+    lines = [
+        "",
+        f"Tasks that tell memories apart (some memory's interval wholly above no memory's): {len(apart)} of "
+        f"{len(tasks)}" + (f" (not: {', '.join(rest)})" if rest else "") + ". On those:",
+        "",
+    ]
+    below = clearly_below([entry for entry in rows if entry["task"] in apart], variants)
+    for memory in dict.fromkeys(entry["memory"] for entry in rows if entry["task"] in apart):
+        judged = [entry for entry in rows if entry["memory"] == memory and entry["task"] in apart]
+        good = sum(entry["versus_best"] in ("best", "in its CI") for entry in judged)
+        line = f"- {memory}: the best or inside the best one's interval on {good} of {len(judged)}"
+        if below.get(memory):
+            line += f"; its interval wholly below another memory's on {'; '.join(below[memory])}"
+        lines.append(line)
+    return lines
+
+
+def table(rows: list[dict], panel_id: str, variants: Iterable[str] = ()) -> str:
     """The leaderboard as markdown from rows compared with their task's best (``with_verdicts``): one row per pair,
     tasks in panel order, the best IQM of a task in bold, then the per-memory tally (``tally``)."""
     lines = [
@@ -314,6 +368,7 @@ def table(rows: list[dict], panel_id: str) -> str:
             if count["short"]:
                 line += f"; short of both on {', '.join(count['short'])}"
             lines.append(line)
+    lines += discrimination_lines(rows, variants)
     return "\n".join(lines) + "\n"
 
 
@@ -330,8 +385,9 @@ def write_table(panel: dict, panel_id: str) -> dict:
     folder = os.path.join(PANEL_DIR, panel_id)
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "table.md"), "w") as file:
-        file.write(table(rows, panel_id))
+        file.write(table(rows, panel_id, panel.get("variants", [])))
     result = {"panel": panel_id, "pairs": len(pairs(panel)), "with_results": len(rows), "rows": rows, "tally": tally(rows)}
+    result["discriminating"] = discriminating(rows, panel.get("variants", []))
     with open(os.path.join(folder, "table.json"), "w") as file:
         json.dump(result, file, indent=1)
     return result

@@ -189,3 +189,23 @@ def test_a_variant_is_judged_against_the_memories_best_without_becoming_it() -> 
     assert counts["trxl"]["best_or_in_ci"] == 1 and counts["trxl-post"] == {
         "tasks": 2, "best_or_in_ci": 1, "within_10_percent": ["b"], "short": []
     }  # fmt: skip
+
+
+def test_a_task_tells_memories_apart_where_a_memorys_interval_lies_wholly_above_no_memorys() -> None:
+    def entry(task: str, memory: str, low: float, high: float) -> dict:
+        return {"task": task, "memory": memory, "iqm": (low + high) / 2, "ci": [low, high]}
+
+    rows = panel.with_verdicts([
+        entry("apart", "trxl", 0.8, 1.0), entry("apart", "gru", 0.3, 0.5), entry("apart", "none", 0.4, 0.6),
+        entry("touching", "trxl", 0.6, 0.9), entry("touching", "none", 0.4, 0.6),
+        entry("variant only", "trxl-post", 0.8, 0.9), entry("variant only", "none", 0.1, 0.2),
+        entry("no control", "trxl", 0.1, 0.2),
+    ], variants=["trxl-post"])  # fmt: skip
+    assert panel.discriminating(rows, ["trxl-post"]) == {"apart": True, "touching": False}
+    # a variant is never the memory another row falls under
+    assert panel.clearly_below(rows, ["trxl-post"]) == {"gru": ["apart (under trxl)"], "none": ["apart (under trxl)"]}
+    lines = panel.discrimination_lines(rows, ["trxl-post"])
+    assert "1 of 2 (not: touching)" in lines[1]
+    assert "- trxl: the best or inside the best one's interval on 1 of 1" in lines
+    below = "- gru: the best or inside the best one's interval on 0 of 1; its interval wholly below another memory's on"
+    assert f"{below} apart (under trxl)" in lines
