@@ -150,6 +150,7 @@ class Config:
     adam_update_clipping: bool
     weight_decay: float
     memory_learning_rate_scale: float
+    learning_rate_warmup: int
     target_kl: float
     kl_rollback: bool
     n_processes: int
@@ -479,6 +480,15 @@ SCHEMA: dict[str, tuple] = {
             "recurrent layers and the Linear + ReLU after them) train at this multiple of the learning rate, the "
             "encoder and the heads at the rate itself; 1 (the reference's): one rate for all. A run resumes only "
             "with the scale's side of 1 it was trained with (two parameter groups or one)"
+        ),
+    ),
+    "learning_rate_warmup": (
+        int,
+        0,
+        _NON_NEGATIVE,
+        (
+            "updates over which the learning rate rises linearly from a tenth of `learning_rate_schedule`'s value "
+            "(the first update) to all of it (update N + 1 on), for every parameter; 0 (the reference's): none"
         ),
     ),
     "target_kl": (

@@ -235,6 +235,12 @@ class StepSnapshot:
 STAT_KEYS = ("policy_loss", "value_loss", "entropy", "total_loss", "approx_kl", "clip_fraction")
 
 
+def warmup_factor(warmup: int, update: int) -> float:
+    """The share of the scheduled learning rate that update ``update`` (0-based) trains at with ``learning_rate_warmup``
+    = ``warmup``: 0.1 at the first update, rising linearly to 1 at update ``warmup`` and after it; 1 without a warm-up."""
+    return 1.0 if warmup <= 0 else 0.1 + 0.9 * min(update, warmup) / warmup
+
+
 def parameter_groups(model: nn.Module, memory_scale: float) -> list[dict]:
     """The optimizer's parameter groups: one group of every parameter where ``memory_scale`` is 1 (the reference's),
     else the memory's parameters in a group of their own whose rate is ``memory_scale`` times the learning rate
@@ -279,7 +285,7 @@ class PPOLearner:
         """Run the epochs of update ``update`` (0-based, for the schedules); returns mean training statistics."""
         self.model.train()
         config = self.config
-        learning_rate = config.learning_rate_schedule.value(update)
+        learning_rate = config.learning_rate_schedule.value(update) * warmup_factor(config.learning_rate_warmup, update)
         beta = config.beta_schedule.value(update)
         clip_range = config.clip_range_schedule.value(update)
         epsilon = config.adam_epsilon_schedule.value(update)

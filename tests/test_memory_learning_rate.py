@@ -1,6 +1,6 @@
 """memory_learning_rate_scale: the memory's parameters take steps at that multiple of the learning rate, every other
 parameter at the rate itself; at 1 the optimizer keeps its one group (checkpoints of either kind resume only as they
-were trained)."""
+were trained). learning_rate_warmup: the rate rises from a tenth of the schedule's over the first updates."""
 
 from __future__ import annotations
 
@@ -15,18 +15,22 @@ from ppo import PPOLearner
 RATE = 1e-3
 
 
-def one_step(scale: float) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], PPOLearner]:
-    """One minibatch's step from the same weights, rollout and minibatch; returns the weights before and after."""
+def one_step(
+    scale: float, warmup: int = 0, update: int = 0
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], PPOLearner]:
+    """One minibatch's step (of update ``update``) from the same weights, rollout and minibatch; returns the weights
+    before and after."""
     torch.manual_seed(0)
     model = make_model("", "pre", False)
     buffer, _ = rollouts(model)
     config = small_config(
         {"memory_length": L}, n_workers=N, worker_steps=T, n_mini_batch=1, epochs=1, sequence_length=T,
-        memory_learning_rate_scale=scale, learning_rate_schedule={"initial": RATE, "final": RATE, "max_decay_steps": 1},
+        memory_learning_rate_scale=scale, learning_rate_warmup=warmup,
+        learning_rate_schedule={"initial": RATE, "final": RATE / 2, "max_decay_steps": 20},
     )  # fmt: skip
     learner = PPOLearner(model, config, torch.Generator().manual_seed(0))
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    learner.optimize(buffer, 0)
+    learner.optimize(buffer, update)
     return before, {name: p.detach().clone() for name, p in model.named_parameters()}, learner
 
 
@@ -76,3 +80,18 @@ def test_resume_across_the_scales_side_of_one_is_refused(tmp_path: str) -> None:
     resumed = train_small(tmp_path, "scaled", 2, checkpoint=checkpoint, memory_learning_rate_scale=0.3)
     groups = resumed.learner.optimizer.param_groups
     assert [group["lr"] / groups[0]["lr"] for group in groups] == pytest.approx([1.0, 0.3])
+
+
+@pytest.mark.parametrize("update, share", [(0, 0.1), (3, 0.55), (6, 1.0), (10, 1.0)])
+def test_the_warmup_rises_from_a_tenth_of_the_scheduled_rate_to_all_of_it(update: int, share: float) -> None:
+    scheduled = RATE - (RATE / 2) * min(update, 20) / 20  # the schedule's own value at this update
+    _, _, learner = one_step(0.5, warmup=6, update=update)
+    rates = [group["lr"] for group in learner.optimizer.param_groups]
+    assert rates == pytest.approx([share * scheduled, 0.5 * share * scheduled])
+    _, _, plain = one_step(0.5, warmup=0, update=update)
+    assert [group["lr"] for group in plain.optimizer.param_groups] == pytest.approx([scheduled, 0.5 * scheduled])
+
+
+def test_the_warmup_must_not_be_negative() -> None:
+    with pytest.raises(ConfigError, match="learning_rate_warmup"):
+        small_config(learning_rate_warmup=-1)
