@@ -245,11 +245,12 @@ def parameter_groups(model: nn.Module, memory_scale: float) -> list[dict]:
     """The optimizer's parameter groups: one group of every parameter where ``memory_scale`` is 1 (the reference's),
     else the memory's parameters in a group of their own whose rate is ``memory_scale`` times the learning rate
     (its ``lr_scale``; ``PPOLearner.optimize`` sets each group's rate)."""
-    memory = {id(p) for p in model.memory.parameters()}
+    memory = list(model.memory.parameters())
     if memory_scale == 1.0 or not memory:  # no memory (memory: none) has no parameters of its own
         return [{"params": list(model.parameters()), "lr_scale": 1.0}]
-    rest = [p for p in model.parameters() if id(p) not in memory]
-    return [{"params": rest, "lr_scale": 1.0}, {"params": list(model.memory.parameters()), "lr_scale": memory_scale}]
+    ids = {id(p) for p in memory}
+    rest = [p for p in model.parameters() if id(p) not in ids]
+    return [{"params": rest, "lr_scale": 1.0}, {"params": memory, "lr_scale": memory_scale}]
 
 
 class PPOLearner:
@@ -290,7 +291,7 @@ class PPOLearner:
         clip_range = config.clip_range_schedule.value(update)
         epsilon = config.adam_epsilon_schedule.value(update)
         for group in self.optimizer.param_groups:
-            group["lr"], group["eps"] = learning_rate * group.get("lr_scale", 1.0), epsilon
+            group["lr"], group["eps"] = learning_rate * group["lr_scale"], epsilon  # every group has one (parameter_groups)
         stats: dict[str, list[float]] = defaultdict(list)
         minibatches = (  # each epoch cuts its minibatches when the one before is done
             minibatch

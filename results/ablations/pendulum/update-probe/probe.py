@@ -64,14 +64,13 @@ def main() -> None:
         mean0, log_std0, features0 = evaluate(trainer.model, before, minibatch)
         stats = trainer.learner.optimize(trainer.buffer, update)
         after = copy.deepcopy(trainer.model.state_dict())
-        valid = slice(None)
         row = {"update": update + 1, "approx_kl": stats["approx_kl"], "log_std": log_std0.flatten()[0].item()}
-        row["features_rms"] = features0[valid].pow(2).mean().sqrt().item()
+        row["features_rms"] = features0.pow(2).mean().sqrt().item()
         for name, selects in [("all", lambda key: True), *parts.items()]:
             mixed = {key: (after[key] if selects(key) else before[key]) for key in before}
             mean, log_std, features = evaluate(trainer.model, mixed, minibatch)
-            row[f"kl_{name}"] = gaussian_kl(mean0, log_std0, mean, log_std)[valid].mean().item()
-            row[f"features_moved_{name}"] = (features - features0)[valid].pow(2).mean().sqrt().item()
+            row[f"kl_{name}"] = gaussian_kl(mean0, log_std0, mean, log_std).mean().item()
+            row[f"features_moved_{name}"] = (features - features0).pow(2).mean().sqrt().item()
         trainer.model.load_state_dict(after)
         rows.append(row)
         print(json.dumps({key: round(value, 4) for key, value in row.items()}), flush=True)
