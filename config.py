@@ -110,6 +110,8 @@ class TransformerConfig:
     positional_values: bool
     recency_bias: bool
     output_norm: bool
+    max_learning_rate: float
+    warmup_updates: int
 
 
 @dataclass(frozen=True)
@@ -282,6 +284,26 @@ TRANSFORMER_SCHEMA: dict[str, tuple] = {
             "a LayerNorm on the last block's output before the policy and value heads, as pre-norm transformers end "
             "(the reference has none): the heads see features of a fixed scale however the residual stream grows, "
             "as an LSTM's bounded output is"
+        ),
+    ),
+    "max_learning_rate": (
+        float,
+        0.0,
+        _NON_NEGATIVE,
+        (
+            "the transformer's parameters (its input embedding, blocks and learned positions) train at most at "
+            "this rate, whatever `learning_rate_schedule` says (after `memory_learning_rate_scale`); the encoder "
+            "and the heads at the schedule's; 0 (the reference's): no bound"
+        ),
+    ),
+    "warmup_updates": (
+        int,
+        0,
+        _NON_NEGATIVE,
+        (
+            "updates over which the transformer's rate rises linearly from a tenth of its value (the first "
+            "update) to all of it (update N + 1 on), on top of `learning_rate_warmup`; the encoder and the heads "
+            "are not warmed up by it; 0 (the reference's): none"
         ),
     ),
     "positional_values": (
@@ -838,6 +860,8 @@ SAVED_DEFAULTS = {
     "transformer.memory_gradients": False,
     "transformer.output_norm": False,
     "transformer.recency_bias": False,
+    "transformer.max_learning_rate": 0.0,
+    "transformer.warmup_updates": 0,
 }
 
 

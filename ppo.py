@@ -241,16 +241,37 @@ def warmup_factor(warmup: int, update: int) -> float:
     return 1.0 if warmup <= 0 else 0.1 + 0.9 * min(update, warmup) / warmup
 
 
-def parameter_groups(model: nn.Module, memory_scale: float) -> list[dict]:
-    """The optimizer's parameter groups: one group of every parameter where ``memory_scale`` is 1 (the reference's),
-    else the memory's parameters in a group of their own whose rate is ``memory_scale`` times the learning rate
-    (its ``lr_scale``; ``PPOLearner.optimize`` sets each group's rate)."""
+def memory_group_settings(config: Config) -> tuple[float, float, int]:
+    """The memory's own rate settings: ``memory_learning_rate_scale``, and for the transformer its
+    ``transformer.max_learning_rate`` (0: no bound) and ``transformer.warmup_updates`` (0: none); a GRU or LSTM has
+    only the scale."""
+    if config.memory != "trxl":
+        return config.memory_learning_rate_scale, 0.0, 0
+    transformer = config.transformer
+    return config.memory_learning_rate_scale, transformer.max_learning_rate, transformer.warmup_updates
+
+
+def parameter_groups(model: nn.Module, config: Config) -> list[dict]:
+    """The optimizer's parameter groups: one group of every parameter where the memory has no rate settings of its
+    own (``memory_group_settings`` at 1, 0, 0: the reference's), else the memory's parameters in a group of their own
+    (``"memory": True``; ``PPOLearner.optimize`` sets each group's rate with ``group_rates``)."""
     memory = list(model.memory.parameters())
-    if memory_scale == 1.0 or not memory:  # no memory (memory: none) has no parameters of its own
-        return [{"params": list(model.parameters()), "lr_scale": 1.0}]
+    if memory_group_settings(config) == (1.0, 0.0, 0) or not memory:  # memory: none has no parameters of its own
+        return [{"params": list(model.parameters()), "memory": False}]
     ids = {id(p) for p in memory}
     rest = [p for p in model.parameters() if id(p) not in ids]
-    return [{"params": rest, "lr_scale": 1.0}, {"params": memory, "lr_scale": memory_scale}]
+    return [{"params": rest, "memory": False}, {"params": memory, "memory": True}]
+
+
+def group_rates(config: Config, update: int) -> tuple[float, float]:
+    """The learning rates of update ``update`` (0-based): every parameter's but the memory's (the schedule's with
+    ``learning_rate_warmup``), and the memory's (the schedule's times ``memory_learning_rate_scale``, at most
+    ``transformer.max_learning_rate``, with both warm-ups)."""
+    scheduled = config.learning_rate_schedule.value(update)
+    warmup = warmup_factor(config.learning_rate_warmup, update)
+    scale, bound, memory_warmup = memory_group_settings(config)
+    memory = scheduled * scale if bound <= 0 else min(scheduled * scale, bound)
+    return scheduled * warmup, memory * warmup * warmup_factor(memory_warmup, update)
 
 
 class PPOLearner:
@@ -272,7 +293,7 @@ class PPOLearner:
         self.stat_keys = STAT_KEYS + (("reconstruction_loss",) if config.reconstruction_coefficient > 0 else ())
         # The fused implementation is several times faster than the per-tensor loop, on the CPU too.
         self.optimizer = torch.optim.AdamW(
-            parameter_groups(model, config.memory_learning_rate_scale),
+            parameter_groups(model, config),
             lr=config.learning_rate_schedule.initial,
             eps=config.adam_epsilon,
             weight_decay=config.weight_decay,
@@ -286,12 +307,12 @@ class PPOLearner:
         """Run the epochs of update ``update`` (0-based, for the schedules); returns mean training statistics."""
         self.model.train()
         config = self.config
-        learning_rate = config.learning_rate_schedule.value(update) * warmup_factor(config.learning_rate_warmup, update)
+        rates = group_rates(config, update)
         beta = config.beta_schedule.value(update)
         clip_range = config.clip_range_schedule.value(update)
         epsilon = config.adam_epsilon_schedule.value(update)
         for group in self.optimizer.param_groups:
-            group["lr"], group["eps"] = learning_rate * group["lr_scale"], epsilon  # every group has one (parameter_groups)
+            group["lr"], group["eps"] = rates[group["memory"]], epsilon  # every group says (parameter_groups)
         stats: dict[str, list[float]] = defaultdict(list)
         minibatches = (  # each epoch cuts its minibatches when the one before is done
             minibatch
@@ -325,8 +346,9 @@ class PPOLearner:
         ).tolist()  # one host copy
         result.update(
             value_mean=value_mean, return_mean=return_mean, advantage_mean=advantage_mean, advantage_std=advantage_std,
-            explained_variance=explained, learning_rate=learning_rate, entropy_coefficient=beta, clip_range=clip_range,
-            adam_epsilon=epsilon, gradient_steps=steps, kl_stop=float(stopped), kl_rollback=float(rolled_back),
+            explained_variance=explained, learning_rate=rates[0], memory_learning_rate=rates[1],
+            entropy_coefficient=beta, clip_range=clip_range, adam_epsilon=epsilon, gradient_steps=steps,
+            kl_stop=float(stopped), kl_rollback=float(rolled_back),
         )  # fmt: skip
         return result
 

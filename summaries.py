@@ -37,6 +37,7 @@ LOSSES = {
 TRAINING = (
     "approx_kl", "approx_kl_max", "clip_fraction", "explained_variance", "learning_rate", "entropy_coefficient", "clip_range",
     "adam_epsilon",
+    "memory_learning_rate",  # the memory's own rate (memory_learning_rate_scale, transformer.max_learning_rate, ...)
     # the optimizer steps the update kept, whether target_kl ended it early, and whether kl_rollback undid a step
     "gradient_steps", "kl_stop", "kl_rollback",
 )  # fmt: skip
