@@ -307,9 +307,8 @@ def restore_training(
     if saved_groups != len(settings):
         raise ValueError(
             f"the checkpoint's optimizer has {saved_groups} parameter group(s) and this config's {len(settings)}: "
-            "the memory's own rate (memory_learning_rate_scale other than 1, or the transformer's max_learning_rate or "
-            "warmup_updates other than 0) was set on one side and not on the other; resume with the settings it was "
-            "trained with"
+            "the memory's own rate (memory_learning_rate_scale other than 1, or the transformer's max_learning_rate "
+            "other than 0) was set on one side and not on the other; resume with the settings it was trained with"
         )
     optimizer.load_state_dict(payload["optimizer"])
     for group, setting in zip(optimizer.param_groups, settings, strict=True):

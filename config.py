@@ -292,8 +292,8 @@ TRANSFORMER_SCHEMA: dict[str, tuple] = {
         _NON_NEGATIVE,
         (
             "the transformer's parameters (its input embedding, blocks and learned positions) train at most at "
-            "this rate, whatever `learning_rate_schedule` says (after `memory_learning_rate_scale`); the encoder "
-            "and the heads at the schedule's; 0 (the reference's): no bound"
+            "this rate, whatever `learning_rate_schedule` and `memory_learning_rate_scale` say; the encoder and "
+            "the heads at the schedule's rate; 0 (the reference's): no bound"
         ),
     ),
     "warmup_updates": (
@@ -301,9 +301,9 @@ TRANSFORMER_SCHEMA: dict[str, tuple] = {
         0,
         _NON_NEGATIVE,
         (
-            "updates over which the transformer's rate rises linearly from a tenth of its value (the first "
-            "update) to all of it (update N + 1 on), on top of `learning_rate_warmup`; the encoder and the heads "
-            "are not warmed up by it; 0 (the reference's): none"
+            "updates over which every parameter's rate rises linearly from a tenth of its value (the first "
+            "update) to all of it (update N + 1 on) while the memory is the transformer, as `learning_rate_warmup` "
+            "does for any memory (the two multiply); 0 (the reference's): none"
         ),
     ),
     "positional_values": (

@@ -241,22 +241,22 @@ def warmup_factor(warmup: int, update: int) -> float:
     return 1.0 if warmup <= 0 else 0.1 + 0.9 * min(update, warmup) / warmup
 
 
-def memory_group_settings(config: Config) -> tuple[float, float, int]:
-    """The memory's own rate settings: ``memory_learning_rate_scale``, and for the transformer its
-    ``transformer.max_learning_rate`` (0: no bound) and ``transformer.warmup_updates`` (0: none); a GRU or LSTM has
-    only the scale."""
+def transformer_rate_settings(config: Config) -> tuple[float, int]:
+    """The transformer's own rate settings, ``transformer.max_learning_rate`` (0: no bound) and
+    ``transformer.warmup_updates`` (0: none); a GRU, an LSTM and no memory have neither."""
     if config.memory != "trxl":
-        return config.memory_learning_rate_scale, 0.0, 0
-    transformer = config.transformer
-    return config.memory_learning_rate_scale, transformer.max_learning_rate, transformer.warmup_updates
+        return 0.0, 0
+    return config.transformer.max_learning_rate, config.transformer.warmup_updates
 
 
 def parameter_groups(model: nn.Module, config: Config) -> list[dict]:
-    """The optimizer's parameter groups: one group of every parameter where the memory has no rate settings of its
-    own (``memory_group_settings`` at 1, 0, 0: the reference's), else the memory's parameters in a group of their own
-    (``"memory": True``; ``PPOLearner.optimize`` sets each group's rate with ``group_rates``)."""
+    """The optimizer's parameter groups: one group of every parameter where the memory's rate is the rate
+    (``memory_learning_rate_scale`` 1 and no ``transformer.max_learning_rate``: the reference's), else the memory's
+    parameters in a group of their own (``"memory": True``; ``PPOLearner.optimize`` sets each group's rate with
+    ``group_rates``)."""
     memory = list(model.memory.parameters())
-    if memory_group_settings(config) == (1.0, 0.0, 0) or not memory:  # memory: none has no parameters of its own
+    bound, _ = transformer_rate_settings(config)
+    if (config.memory_learning_rate_scale == 1.0 and bound <= 0) or not memory:  # memory: none has no parameters
         return [{"params": list(model.parameters()), "memory": False}]
     ids = {id(p) for p in memory}
     rest = [p for p in model.parameters() if id(p) not in ids]
@@ -264,14 +264,15 @@ def parameter_groups(model: nn.Module, config: Config) -> list[dict]:
 
 
 def group_rates(config: Config, update: int) -> tuple[float, float]:
-    """The learning rates of update ``update`` (0-based): every parameter's but the memory's (the schedule's with
-    ``learning_rate_warmup``), and the memory's (the schedule's times ``memory_learning_rate_scale``, at most
-    ``transformer.max_learning_rate``, with both warm-ups)."""
+    """The learning rates of update ``update`` (0-based), every parameter's but the memory's and the memory's: the
+    schedule's, the memory's times ``memory_learning_rate_scale`` and at most ``transformer.max_learning_rate``, both
+    warmed up by ``learning_rate_warmup`` and the transformer's ``warmup_updates``."""
     scheduled = config.learning_rate_schedule.value(update)
-    warmup = warmup_factor(config.learning_rate_warmup, update)
-    scale, bound, memory_warmup = memory_group_settings(config)
-    memory = scheduled * scale if bound <= 0 else min(scheduled * scale, bound)
-    return scheduled * warmup, memory * warmup * warmup_factor(memory_warmup, update)
+    bound, transformer_warmup = transformer_rate_settings(config)
+    warmup = warmup_factor(config.learning_rate_warmup, update) * warmup_factor(transformer_warmup, update)
+    memory = scheduled * config.memory_learning_rate_scale
+    memory = memory if bound <= 0 else min(memory, bound)
+    return scheduled * warmup, memory * warmup
 
 
 class PPOLearner:

@@ -1,8 +1,8 @@
 """memory_learning_rate_scale: the memory's parameters take steps at that multiple of the learning rate, every other
 parameter at the rate itself; at 1 the optimizer keeps its one group (checkpoints of either kind resume only as they
 were trained). learning_rate_warmup: the rate rises from a tenth of the schedule's over the first updates.
-transformer.max_learning_rate and transformer.warmup_updates: the transformer's rate is bounded and warmed up on its
-own, the rest trains at the schedule's."""
+transformer.max_learning_rate: the transformer's rate is bounded, the rest trains at the schedule's;
+transformer.warmup_updates: with the transformer, every rate is warmed up."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from conftest import small_config, train_small
 from test_equivalence import L, N, T, make_model, rollouts
 
 from config import ConfigError
-from ppo import PPOLearner
+from ppo import PPOLearner, group_rates
 
 RATE = 1e-3
 
@@ -123,17 +123,15 @@ def test_the_bound_moves_the_transformer_and_nothing_else() -> None:
 
 
 @pytest.mark.parametrize("update, share", [(0, 0.1), (2, 0.55), (4, 1.0), (9, 1.0)])
-def test_the_transformers_warmup_rises_on_its_rate_alone(update: int, share: float) -> None:
+def test_the_transformers_warmup_rises_on_every_rate(update: int, share: float) -> None:
     scheduled = RATE - (RATE / 2) * update / 20
     _, _, learner = one_step(1.0, update=update, max_learning_rate=8e-4, warmup_updates=4)
     rates = [group["lr"] for group in learner.optimizer.param_groups]
-    assert rates == pytest.approx([scheduled, share * min(scheduled, 8e-4)])
-    # with learning_rate_warmup too, both warm-ups act on the transformer
+    assert rates == pytest.approx([share * scheduled, share * min(scheduled, 8e-4)])
+    # alone it keeps one group; with learning_rate_warmup too, the two multiply
     _, _, both = one_step(1.0, warmup=8, update=update, warmup_updates=4)
     everything = 0.1 + 0.9 * min(update, 8) / 8
-    assert [group["lr"] for group in both.optimizer.param_groups] == pytest.approx(
-        [everything * scheduled, everything * share * scheduled]
-    )
+    assert [group["lr"] for group in both.optimizer.param_groups] == pytest.approx([everything * share * scheduled])
 
 
 @pytest.mark.parametrize("memory", ["gru", "lstm"])
@@ -145,6 +143,7 @@ def test_a_recurrent_memory_ignores_the_transformers_rate(memory: str) -> None:
     learner = PPOLearner(model, config, torch.Generator().manual_seed(0))
     (group,) = learner.optimizer.param_groups
     assert len(group["params"]) == len(list(model.parameters()))
+    assert group_rates(config, 0) == (config.learning_rate_schedule.value(0),) * 2
 
 
 @pytest.mark.parametrize("key", ["max_learning_rate", "warmup_updates"])
