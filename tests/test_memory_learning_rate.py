@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import small_config, train_small
+from conftest import resume_matches_uninterrupted, small_config, train_small
 from test_equivalence import L, N, T, make_model, rollouts
 
 from config import ConfigError
@@ -158,3 +158,10 @@ def test_resume_across_the_transformers_own_rate_is_refused(tmp_path: str) -> No
     checkpoint = torch.load(first.checkpoint_path, weights_only=True)
     with pytest.raises(ValueError, match="max_learning_rate"):
         train_small(tmp_path, "run", 2, checkpoint=checkpoint, transformer={"max_learning_rate": 1e-4})
+
+
+@pytest.mark.slow
+def test_a_run_with_the_transformers_bound_and_warmup_resumes_exactly(tmp_path: str) -> None:
+    # interrupted at update 2 of a 3-update warm-up, with the bound below the config's 3e-4: two groups, rates rising
+    checkpoint = resume_matches_uninterrupted(tmp_path, transformer={"max_learning_rate": 1e-4, "warmup_updates": 3})
+    assert len(checkpoint["optimizer"]["param_groups"]) == 2
