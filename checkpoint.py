@@ -349,7 +349,7 @@ def statistics_changes(saved: dict, config: dict) -> list[str]:
     invalidate the normalisation statistics a checkpoint carries, each with the reason: normalisation turned off (the
     statistics are dropped) or on (they start from nothing under a trained model), another ``normalize_clip`` than the
     statistics were applied with, another ``gamma`` than the discounted returns whose spread scales the rewards, or
-    other ``normalize_skip_keys`` than the saved statistics leave as they are."""
+    other ``normalize_skip_keys`` or ``normalize_one_hot`` than the saved statistics leave as they are."""
     observations_on, rewards_on = saved["normalize_observations"], saved["normalize_rewards"]
     reasons = {
         "normalize_observations": "the saved observation statistics would be "
@@ -359,8 +359,16 @@ def statistics_changes(saved: dict, config: dict) -> list[str]:
         "normalize_clip": f"the saved statistics were applied clipped to {saved['normalize_clip']!r}",
         "gamma": f"the saved reward scale is the spread of returns discounted with gamma {saved['gamma']!r}",
         "normalize_skip_keys": "the saved model was trained with these keys as they are and the others normalised",
+        "normalize_one_hot": "the saved statistics "
+        + ("normalise" if saved["normalize_one_hot"] else "leave as they are")
+        + " the one-hot codes",
     }
-    applies = {"normalize_clip": observations_on or rewards_on, "gamma": rewards_on, "normalize_skip_keys": observations_on}
+    applies = {
+        "normalize_clip": observations_on or rewards_on,
+        "gamma": rewards_on,
+        "normalize_skip_keys": observations_on,
+        "normalize_one_hot": observations_on,
+    }
     return [
         f"{key} {saved[key]!r} -> {config[key]!r} ({reason})"
         for key, reason in reasons.items()

@@ -139,6 +139,7 @@ class Config:
     normalize_advantages: bool
     normalize_observations: bool
     normalize_skip_keys: list[str]
+    normalize_one_hot: bool
     normalize_rewards: bool
     normalize_clip: float
     clipped_log_prob: bool
@@ -367,9 +368,10 @@ SCHEMA: dict[str, tuple] = {
             "shift and scale each feature of vector observations (each vector key of a dict) by its running "
             "mean and standard deviation over all of training, then clip to `normalize_clip`, as "
             "Stable-Baselines3's `VecNormalize`; images are left as they are, and so are one-hot codes "
-            "(Discrete and MultiDiscrete observations, MiniGrid's symbolic view, which is then left whole) "
-            "and the keys of `normalize_skip_keys`. A new run first takes `worker_steps` steps of random "
-            "actions in every worker into the statistics (not counted in the run's steps), so the first "
+            "(Discrete and MultiDiscrete observations, MiniGrid's symbolic view, which is then left whole; "
+            "`normalize_one_hot` normalises them too) and the keys of `normalize_skip_keys`. A new run first "
+            "takes `worker_steps` steps of random actions in every worker into the statistics (not counted in "
+            "the run's steps), so the first "
             "rollout already sees normalised inputs; then they are updated once per rollout from all "
             "workers (and all torchrun ranks), after the update trained on it, are saved in the checkpoint "
             "and the model file, and are applied frozen by enjoy.py and every evaluation "
@@ -384,6 +386,20 @@ SCHEMA: dict[str, tuple] = {
             "keys of a Dict observation that `normalize_observations` leaves as they are, as SB3's "
             "`norm_obs_keys` lists the others, e.g. `[goal]`; a key the observations do not have is refused "
             "when training starts, with the list of their keys"
+        ),
+    ),
+    "normalize_one_hot": (
+        bool,
+        False,
+        None,
+        (
+            "let `normalize_observations` normalise one-hot codes too (the parts environments declare one-hot: "
+            "Discrete and MultiDiscrete observations, MiniGrid's symbolic view), as `VecNormalize` normalises any "
+            "Box, e.g. the integer grid codes of MiniGrid's `FlatObsWrapper` in rl-baselines3-zoo; a rare code "
+            "then stands out (up to the clip), and one never seen in the warm-up jumps to the clip when it "
+            "first appears. False leaves them as they are, as SB3 does one-hot codes. "
+            "[configs/minigrid_memory_s7.yaml](../configs/minigrid_memory_s7.yaml) sets it: its memories "
+            "learn the task with it and mostly not without ([docs/suite.md](suite.md))"
         ),
     ),
     "normalize_rewards": (
@@ -794,6 +810,11 @@ def validate_config(raw: Any) -> Config:
             f"'normalize_skip_keys' ({values['normalize_skip_keys']}) names keys that observation normalisation leaves "
             "as they are, but 'normalize_observations' is false: set normalize_observations true, or leave out "
             "normalize_skip_keys"
+        )
+    if values["normalize_one_hot"] and not values["normalize_observations"]:
+        raise ConfigError(
+            "'normalize_one_hot' lets observation normalisation normalise one-hot codes, but "
+            "'normalize_observations' is false: set normalize_observations true, or leave out normalize_one_hot"
         )
     if values["kl_rollback"] and values["target_kl"] <= 0:
         raise ConfigError(

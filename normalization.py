@@ -1,5 +1,5 @@
 """Observation and reward normalisation, as Stable-Baselines3's VecNormalize does it (config ``normalize_observations``,
-``normalize_skip_keys``, ``normalize_rewards``, ``normalize_clip``).
+``normalize_skip_keys``, ``normalize_one_hot``, ``normalize_rewards``, ``normalize_clip``).
 
 - Observations: each feature of a vector observation (each vector key of a dict) is shifted and scaled by the running
   mean and standard deviation of that feature over every observation of training so far, then clipped to
@@ -7,7 +7,9 @@
   ``OneHot``: Discrete and MultiDiscrete observations, MiniGrid's symbolic view) and the dict keys the config names in
   ``normalize_skip_keys``. SB3 never normalises one-hot codes either: its VecNormalize refuses a Dict key that is no
   Box (it must be left out through ``norm_obs_keys``), and its policy one-hot encodes Discrete parts after it.
-  Normalised, a code never seen so far has variance 0 and jumps to the clip on its first appearance. The statistics
+  Normalised, a code never seen so far has variance 0 and jumps to the clip on its first appearance; a rare one stands
+  out. ``normalize_one_hot`` normalises them anyway, as VecNormalize does any Box of codes (rl-baselines3-zoo's
+  MiniGrid runs normalise the integer grid codes of MiniGrid's FlatObsWrapper). The statistics
   are buffers of the model's ``normalizer``, applied before the encoder, so they are in every checkpoint and model
   file, and enjoy.py and every evaluation apply them, frozen. The reconstruction loss (ppo.py) reconstructs the
   observation as the encoder sees it, normalised.

@@ -130,11 +130,11 @@ class RolloutCollector:
         self.obs = self.model.prepare(result.obs)
 
     @torch.no_grad()
-    def start_observation_statistics(self, seed: int) -> None:
+    def start_observation_statistics(self, seed: int, one_hot: bool = False) -> None:
         """Before the first rollout of a new run (``normalize_observations``; a resumed run has its checkpoint's): leave
-        the parts that the environments declare one-hot codes as they are, then take the observations of
-        ``worker_steps`` steps of uniformly random actions in every worker into the model's statistics (N x T of them,
-        as many as a rollout holds), and start every environment's next episode.
+        the parts that the environments declare one-hot codes as they are (unless ``one_hot``: ``normalize_one_hot``),
+        then take the observations of ``worker_steps`` steps of uniformly random actions in every worker into the
+        model's statistics (N x T of them, as many as a rollout holds), and start every environment's next episode.
 
         So the first rollout and the first update already see normalised inputs, with the statistics they keep until
         the update is done; starting at mean 0 and standard deviation 1 instead, the network would train on raw inputs
@@ -146,7 +146,8 @@ class RolloutCollector:
         normalizer = self.model.normalizer
         if normalizer is None:
             return
-        normalizer.leave_one_hot_codes(self.workers.observation_space)
+        if not one_hot:  # normalize_one_hot false: one-hot codes pass as they are
+            normalizer.leave_one_hot_codes(self.workers.observation_space)
         if not normalizer.normalises_anything():
             return
         rows = self.rows or Rows(0, self.n_workers)

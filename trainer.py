@@ -148,7 +148,7 @@ class PPOTrainer:
             summary_dir = os.path.join(summaries_dir, run_id, time.strftime("%Y%m%d-%H%M%S"))
             self.progress = Progress(run_id, seed, memory_path, summary_dir)
             self.collector.start(self.workers.reset())
-            self.collector.start_observation_statistics(seed)
+            self.collector.start_observation_statistics(seed, config.normalize_one_hot)
         else:
             self.progress = restore_training(
                 checkpoint, self.model, self.learner.optimizer, generator, self.collector.state, trace, scaler

@@ -306,6 +306,29 @@ def test_a_run_on_one_hot_observations_leaves_them_as_they_are(tmp_path: object)
         trainer.close()
 
 
+def test_normalize_one_hot_normalises_the_one_hot_codes_too(tmp_path: object) -> None:
+    """The warm-up fills statistics for the codes, and the model sees them shifted and scaled, not as they are."""
+    trainer = new_trainer(
+        tmp_path, "codes-normalised", environment={"type": "Gymnasium", "id": "toy_env:ToyTupleObs-v0"},
+        normalize_observations=True, normalize_one_hot=True,
+    )  # fmt: skip
+    try:
+        assert all(bool(part.active.all()) for part in trainer.model.normalizer.parts)
+        assert all(part.statistics.count > 0 for part in trainer.model.normalizer.parts), "the warm-up took them in"
+        obs = trainer.collector.obs
+        assert not all(torch.equal(value, obs[key]) for key, value in trainer.model.normalized(obs).items())
+    finally:
+        trainer.close()
+
+
+def test_normalize_one_hot_needs_normalize_observations_and_a_resume_keeps_it() -> None:
+    with pytest.raises(ConfigError, match="set normalize_observations true, or leave out normalize_one_hot"):
+        small_config(normalize_one_hot=True)
+    saved = small_config(normalize_observations=True, normalize_one_hot=True).to_dict()
+    with pytest.raises(ValueError, match=r"normalize_one_hot True -> False \(the saved statistics normalise"):
+        check_resume({"config": saved}, {**saved, "normalize_one_hot": False})
+
+
 def test_observations_and_rewards_are_clipped_at_both_ends() -> None:
     normalizers = VectorNormalizers((2,), clip=2.0)
     normalizers.update(torch.tensor([[-1.0, 10.0], [1.0, 30.0]]))  # mean (0, 20), std (1, 10)
