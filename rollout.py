@@ -12,6 +12,7 @@ and after T steps the value of the next observation closes the advantage recursi
 
 from __future__ import annotations
 
+import sys
 from collections import defaultdict
 from typing import NamedTuple
 
@@ -149,6 +150,13 @@ class RolloutCollector:
         if not one_hot:  # normalize_one_hot false: one-hot codes pass as they are
             normalizer.leave_one_hot_codes(self.workers.observation_space)
         if not normalizer.normalises_anything():
+            if self.ranks.main:
+                print(
+                    "note: normalize_observations is on, but every part of these observations is one-hot codes or a "
+                    "skipped key, which are left as they are: nothing is normalised (normalize_one_hot: true "
+                    "normalises one-hot codes too)",
+                    file=sys.stderr,
+                )
             return
         rows = self.rows or Rows(0, self.n_workers)
         rng = np.random.default_rng(seed)

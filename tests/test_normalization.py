@@ -293,11 +293,12 @@ def test_discrete_observations_and_the_symbolic_minigrid_view_are_declared_one_h
     env.close()
 
 
-def test_a_run_on_one_hot_observations_leaves_them_as_they_are(tmp_path: object) -> None:
+def test_a_run_on_one_hot_observations_leaves_them_as_they_are(tmp_path: object, capsys: pytest.CaptureFixture) -> None:
     trainer = new_trainer(
         tmp_path, "codes", environment={"type": "Gymnasium", "id": "toy_env:ToyTupleObs-v0"}, normalize_observations=True
     )
     try:
+        assert "nothing is normalised (normalize_one_hot: true" in capsys.readouterr().err, "the user is told"
         assert not trainer.model.normalizer.normalises_anything()
         assert all(part.statistics.count == 0 for part in trainer.model.normalizer.parts), "no warm-up"
         obs = trainer.collector.obs
@@ -306,7 +307,7 @@ def test_a_run_on_one_hot_observations_leaves_them_as_they_are(tmp_path: object)
         trainer.close()
 
 
-def test_normalize_one_hot_normalises_the_one_hot_codes_too(tmp_path: object) -> None:
+def test_normalize_one_hot_normalises_the_one_hot_codes_too(tmp_path: object, capsys: pytest.CaptureFixture) -> None:
     """The warm-up fills statistics for the codes, and the model sees them shifted and scaled, not as they are."""
     trainer = new_trainer(
         tmp_path, "codes-normalised", environment={"type": "Gymnasium", "id": "toy_env:ToyTupleObs-v0"},
@@ -314,6 +315,7 @@ def test_normalize_one_hot_normalises_the_one_hot_codes_too(tmp_path: object) ->
     )  # fmt: skip
     try:
         assert all(bool(part.active.all()) for part in trainer.model.normalizer.parts)
+        assert "nothing is normalised" not in capsys.readouterr().err
         assert all(part.statistics.count > 0 for part in trainer.model.normalizer.parts), "the warm-up took them in"
         obs = trainer.collector.obs
         assert not all(torch.equal(value, obs[key]) for key, value in trainer.model.normalized(obs).items())
