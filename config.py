@@ -371,10 +371,9 @@ SCHEMA: dict[str, tuple] = {
             "(Discrete and MultiDiscrete observations, MiniGrid's symbolic view, which is then left whole; "
             "`normalize_one_hot` normalises them too) and the keys of `normalize_skip_keys`. A new run first "
             "takes `worker_steps` steps of random actions in every worker into the statistics (not counted in "
-            "the run's steps), so the first "
-            "rollout already sees normalised inputs; then they are updated once per rollout from all "
-            "workers (and all torchrun ranks), after the update trained on it, are saved in the checkpoint "
-            "and the model file, and are applied frozen by enjoy.py and every evaluation "
+            "the run's steps), so the first rollout already sees normalised inputs; then they are updated "
+            "once per rollout from all workers (and all torchrun ranks), after the update trained on it, are "
+            "saved in the checkpoint and the model file, and are applied frozen by enjoy.py and every evaluation "
             "([normalization.py](../normalization.py))"
         ),
     ),
