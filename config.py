@@ -109,6 +109,7 @@ class TransformerConfig:
     query_position: bool
     positional_values: bool
     recency_bias: bool
+    learned_slopes: bool
     output_norm: bool
     max_learning_rate: float
     warmup_updates: int
@@ -276,6 +277,17 @@ TRANSFORMER_SCHEMA: dict[str, tuple] = {
         "whatever this says): attention prefers recent steps, strongly with 4 or more heads, barely with one (its "
         "slope is 2^-8: [memory.md](memory.md)) (the reference has no bias; models saved before 2026-12-05 load "
         "with false)",
+    ),
+    "learned_slopes": (
+        bool,
+        False,
+        None,
+        (
+            "learn the recency bias's slopes (one per head, shared by the blocks) with the transformer's other "
+            "parameters, starting at ALiBi's, so that each head can grow more or less local (or prefer older steps, "
+            "a negative slope) as the task asks; needs the bias (`recency_bias` or `positional_encoding: alibi`); "
+            "false: ALiBi's fixed slopes"
+        ),
     ),
     "output_norm": (
         bool,
@@ -764,6 +776,11 @@ def validate_config(raw: Any) -> Config:
             f"positional_encoding 'rotary' turns pairs of each head's {head_width} dimensions (embed_dim / num_heads): "
             "make embed_dim / num_heads even"
         )
+    if transformer.learned_slopes and not (transformer.recency_bias or transformer.positional_encoding == "alibi"):
+        raise ConfigError(
+            "'transformer.learned_slopes' learns the recency bias's slopes, and this transformer has no bias "
+            "(recency_bias false, positional_encoding not alibi): set transformer.recency_bias=true or drop learned_slopes"
+        )
     n, t, m = values["n_workers"], values["worker_steps"], values["n_mini_batch"]
     if (n * t) % m != 0:
         raise ConfigError(
@@ -880,6 +897,7 @@ SAVED_DEFAULTS = {
     "transformer.memory_gradients": False,
     "transformer.output_norm": False,
     "transformer.recency_bias": False,
+    "transformer.learned_slopes": False,
     "transformer.max_learning_rate": 0.0,
     "transformer.warmup_updates": 0,
 }

@@ -303,7 +303,9 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList([TransformerBlock(config) for _ in range(config.num_blocks)])
         self.output_norm = nn.LayerNorm(config.embed_dim) if config.output_norm else None
         self.recency_bias = config.positional_encoding == "alibi" or config.recency_bias
-        if self.recency_bias:
+        if self.recency_bias and config.learned_slopes:  # a parameter of the memory, trained at the memory's rate
+            self.alibi_slopes = nn.Parameter(alibi_slopes(config.num_heads).view(1, -1, 1, 1))
+        elif self.recency_bias:
             self.register_buffer("alibi_slopes", alibi_slopes(config.num_heads).view(1, -1, 1, 1), persistent=False)
 
     def position_encoding(self, steps: torch.Tensor, max_step: int | None = None) -> torch.Tensor | None:

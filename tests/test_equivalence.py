@@ -27,6 +27,7 @@ OPTIONS += [(encoding, "pre", False) for encoding in ("rotary", "alibi")] + [
 ]
 OPTIONS += [("relative+bias", "pre", False), ("learned+bias", "post", True), ("rotary+bias", "", True)]
 OPTIONS += [("relative+norm", "pre", False), ("alibi+norm", "post", True)]  # a LayerNorm on the output: output_norm
+OPTIONS += [("relative+bias+slopes", "pre", False), ("alibi+slopes", "post", True)]  # the slopes learned: learned_slopes
 N, T, L, OBS = 3, 12, 5, 4
 
 
@@ -40,6 +41,7 @@ def make_model(
     options = {
         "positional_encoding": encoding,
         "recency_bias": "bias" in extras,
+        "learned_slopes": "slopes" in extras,
         "output_norm": "norm" in extras,
         "layer_norm": layer_norm,
         "gtrxl": gtrxl,
@@ -47,7 +49,12 @@ def make_model(
     options.update(gtrxl_bias=1.0, memory_length=L, memory_gradients=memory_gradients, query_position=query_position)
     options.update(positional_values=positional_values)
     config = small_config(options, n_workers=N, worker_steps=T, sequence_length=4, n_mini_batch=3, memory_dtype=memory_dtype)
-    return ActorCriticModel(config, (OBS,), [3, 2], path)
+    model = ActorCriticModel(config, (OBS,), [3, 2], path)
+    if "slopes" in extras:  # learned slopes away from ALiBi's, one of them negative, so that a path keeping ALiBi's differs
+        slopes = model.memory.transformer.alibi_slopes
+        with torch.no_grad():
+            slopes.copy_(torch.linspace(0.7, -0.2, slopes.numel()).view_as(slopes))
+    return model
 
 
 def rollouts(model: ActorCriticModel, n_rollouts: int = 3, seed: int = 1) -> tuple[Buffer, list[torch.Tensor]]:

@@ -23,6 +23,7 @@ OPTIONS += [(encoding, "pre", False) for encoding in ("rotary", "alibi")] + [
 ]
 OPTIONS += [("relative+bias", "pre", False), ("learned+bias", "post", True), ("rotary+bias", "", True)]
 OPTIONS += [("relative+norm", "pre", False)]  # a LayerNorm on the output: output_norm
+OPTIONS += [("relative+bias+slopes", "post", True)]  # the slopes learned: learned_slopes
 
 
 def window_output(
@@ -38,6 +39,7 @@ def window_output(
 def transformer_options(positional_encoding: str, layer_norm: str, gtrxl: bool) -> dict:
     encoding, *extras = positional_encoding.split("+")  # "relative+bias": with recency_bias; "+norm": output_norm
     options = {"positional_encoding": encoding, "recency_bias": "bias" in extras, "output_norm": "norm" in extras}
+    options["learned_slopes"] = "slopes" in extras
     return {**options, "layer_norm": layer_norm, "gtrxl": gtrxl, "gtrxl_bias": 1.0}
 
 

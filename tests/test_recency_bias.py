@@ -13,6 +13,7 @@ import pytest
 import torch
 from conftest import small_config
 
+from config import ConfigError
 from memories.trxl import TrXLState
 from model import ActorCriticModel
 from transformer import alibi_slopes
@@ -21,9 +22,10 @@ L, STEP, HEADS, DIM = 6, 9, 4, 16  # a wrapped ring: episode step 9 sees steps 3
 DISTANCE = torch.arange(L, 0, -1).float()  # (L,) how long ago each visible step was, oldest first
 
 
-def make_model(positional_encoding: str, recency_bias: bool) -> ActorCriticModel:
+def make_model(positional_encoding: str, recency_bias: bool, learned_slopes: bool = False) -> ActorCriticModel:
     torch.manual_seed(0)
     options = {"positional_encoding": positional_encoding, "recency_bias": recency_bias, "query_position": True}
+    options["learned_slopes"] = learned_slopes
     options.update(num_heads=HEADS, embed_dim=DIM, memory_length=L)
     return ActorCriticModel(small_config(options), (3,), [3])
 
@@ -109,3 +111,37 @@ SLOPE_EXPONENTS = {
 @pytest.mark.parametrize("heads", sorted(SLOPE_EXPONENTS))
 def test_alibi_slopes_are_the_papers(heads: int) -> None:
     torch.testing.assert_close(alibi_slopes(heads), torch.pow(2.0, torch.tensor(SLOPE_EXPONENTS[heads])))
+
+
+def test_learned_slopes_start_at_alibis_belong_to_the_memory_and_decide_the_weights() -> None:
+    fixed, learned = make_model("alibi", False), make_model("alibi", False, learned_slopes=True)
+    slopes = learned.memory.transformer.alibi_slopes
+    assert isinstance(slopes, torch.nn.Parameter) and not isinstance(fixed.memory.transformer.alibi_slopes, torch.nn.Parameter)
+    assert any(p is slopes for p in learned.memory.parameters()), "the memory's parameter group must hold the slopes"
+    torch.testing.assert_close(slopes.detach().flatten(), alibi_slopes(HEADS))
+    torch.testing.assert_close(step_attention(learned), step_attention(fixed))  # ALiBi's weights at the start
+    chosen = torch.tensor([1.0, 0.25, 0.0, -0.5])  # steeper, flat, and one preferring older steps
+    with torch.no_grad():
+        slopes.copy_(chosen.view_as(slopes))
+    weights = step_attention(learned)
+    torch.testing.assert_close(weights, torch.softmax(-chosen.unsqueeze(1) * DISTANCE, dim=-1).expand_as(weights))
+    assert (weights[:, 3, 1:] < weights[:, 3, :-1]).all(), "a negative slope weighs older steps more"
+
+
+def test_learned_slopes_get_gradients_from_the_loss() -> None:
+    # A training window (the rollout steps without gradients) of distinct tokens, so that the weights matter.
+    model = make_model("relative", True, learned_slopes=True)
+    steps = torch.arange(STEP - L, STEP).unsqueeze(0)  # (1, L) oldest first
+    tokens = torch.randn(1, L, 2, DIM, generator=torch.Generator().manual_seed(3))  # (1, L, K, D)
+    visible = torch.ones(1, L, dtype=torch.bool)
+    out = model.memory.forward_windows(torch.randn(1, DIM), tokens, steps, visible, query_steps=steps[:, -1] + 1)
+    model.value(out.features).sum().backward()
+    grad = model.memory.transformer.alibi_slopes.grad
+    assert grad is not None and torch.isfinite(grad).all() and (grad.abs() > 1e-6).all(), grad
+
+
+def test_learned_slopes_need_a_bias() -> None:
+    with pytest.raises(
+        ConfigError, match="learned_slopes' learns the recency bias's slopes.*set transformer.recency_bias=true"
+    ):
+        small_config({"positional_encoding": "relative", "recency_bias": False, "learned_slopes": True})
