@@ -114,6 +114,11 @@ class TransformerConfig:
     max_learning_rate: float
     warmup_updates: int
 
+    @property
+    def has_recency_bias(self) -> bool:
+        """ALiBi's bias on the attention scores: ``positional_encoding`` "alibi", or ``recency_bias`` on another."""
+        return self.positional_encoding == "alibi" or self.recency_bias
+
 
 @dataclass(frozen=True)
 class RecurrenceConfig:
@@ -776,7 +781,7 @@ def validate_config(raw: Any) -> Config:
             f"positional_encoding 'rotary' turns pairs of each head's {head_width} dimensions (embed_dim / num_heads): "
             "make embed_dim / num_heads even"
         )
-    if transformer.learned_slopes and not (transformer.recency_bias or transformer.positional_encoding == "alibi"):
+    if transformer.learned_slopes and not transformer.has_recency_bias:
         raise ConfigError(
             "'transformer.learned_slopes' learns the recency bias's slopes, and this transformer has no bias "
             "(recency_bias false, positional_encoding not alibi): set transformer.recency_bias=true or drop learned_slopes"

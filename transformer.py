@@ -302,11 +302,13 @@ class Transformer(nn.Module):
             self.learned_positions = nn.Parameter(torch.randn(LEARNED_POSITIONS, config.embed_dim))
         self.blocks = nn.ModuleList([TransformerBlock(config) for _ in range(config.num_blocks)])
         self.output_norm = nn.LayerNorm(config.embed_dim) if config.output_norm else None
-        self.recency_bias = config.positional_encoding == "alibi" or config.recency_bias
-        if self.recency_bias and config.learned_slopes:  # a parameter of the memory, trained at the memory's rate
-            self.alibi_slopes = nn.Parameter(alibi_slopes(config.num_heads).view(1, -1, 1, 1))
-        elif self.recency_bias:
-            self.register_buffer("alibi_slopes", alibi_slopes(config.num_heads).view(1, -1, 1, 1), persistent=False)
+        self.recency_bias = config.has_recency_bias
+        if self.recency_bias:
+            slopes = alibi_slopes(config.num_heads).view(1, -1, 1, 1)
+            if config.learned_slopes:  # a parameter of the memory, trained at the memory's rate
+                self.alibi_slopes = nn.Parameter(slopes)
+            else:
+                self.register_buffer("alibi_slopes", slopes, persistent=False)
 
     def position_encoding(self, steps: torch.Tensor, max_step: int | None = None) -> torch.Tensor | None:
         """Per-block encoding (B, S, K, D) added to memory tokens at episode ``steps`` (B, S), or None where the
