@@ -13,7 +13,8 @@ import pytest
 import torch
 from conftest import small_config
 
-from config import ConfigError
+from checkpoint import check_resume, load_model, save_model
+from config import Config, ConfigError
 from memories.trxl import TrXLState
 from model import ActorCriticModel
 from transformer import alibi_slopes
@@ -22,12 +23,16 @@ L, STEP, HEADS, DIM = 6, 9, 4, 16  # a wrapped ring: episode step 9 sees steps 3
 DISTANCE = torch.arange(L, 0, -1).float()  # (L,) how long ago each visible step was, oldest first
 
 
-def make_model(positional_encoding: str, recency_bias: bool, learned_slopes: bool = False) -> ActorCriticModel:
-    torch.manual_seed(0)
+def make_config(positional_encoding: str, recency_bias: bool, learned_slopes: bool = False) -> Config:
     options = {"positional_encoding": positional_encoding, "recency_bias": recency_bias, "query_position": True}
     options["learned_slopes"] = learned_slopes
     options.update(num_heads=HEADS, embed_dim=DIM, memory_length=L)
-    return ActorCriticModel(small_config(options), (3,), [3])
+    return small_config(options)
+
+
+def make_model(positional_encoding: str, recency_bias: bool, learned_slopes: bool = False) -> ActorCriticModel:
+    torch.manual_seed(0)
+    return ActorCriticModel(make_config(positional_encoding, recency_bias, learned_slopes), (3,), [3])
 
 
 def same_token_ring(model: ActorCriticModel, step: int = STEP) -> TrXLState:
@@ -145,3 +150,32 @@ def test_learned_slopes_need_a_bias() -> None:
         ConfigError, match="learned_slopes' learns the recency bias's slopes.*set transformer.recency_bias=true"
     ):
         small_config({"positional_encoding": "relative", "recency_bias": False, "learned_slopes": True})
+
+
+def test_learned_slopes_are_kept_in_the_model_file(tmp_path: object) -> None:
+    config = make_config("alibi", False, learned_slopes=True)
+    model = make_model("alibi", False, learned_slopes=True)
+    chosen = torch.tensor([0.5, 0.125, 0.0, -0.25]).view_as(model.memory.transformer.alibi_slopes)
+    with torch.no_grad():
+        model.memory.transformer.alibi_slopes.copy_(chosen)
+    path = f"{tmp_path}/slopes.nn"
+    save_model(model, config, path)
+    loaded, config = load_model(path, torch.device("cpu"))
+    assert config.transformer.learned_slopes
+    torch.testing.assert_close(loaded.memory.transformer.alibi_slopes.detach(), chosen)
+    torch.testing.assert_close(step_attention(loaded), step_attention(model))
+
+
+@pytest.mark.parametrize("saved_learned", [True, False])
+def test_a_resume_that_turns_learned_slopes_on_or_off_is_refused(saved_learned: bool) -> None:
+    # Off -> on would start the slopes at ALiBi's under a model trained with them fixed; on -> off would drop the
+    # learned ones. Either changes the memory's parameters, which the saved optimizer state must match.
+    config = make_config("relative", True, learned_slopes=saved_learned).to_dict()
+    checkpoint = {
+        "config": config, "model": make_model("relative", True, learned_slopes=saved_learned).state_dict(),
+        "observation_shape": [3], "action_dims": [3],
+    }  # fmt: skip
+    new = {**config, "transformer": {**config["transformer"], "learned_slopes": not saved_learned}}
+    with pytest.raises(ValueError, match=rf"transformer.learned_slopes {saved_learned} -> {not saved_learned}.*alibi_slopes"):
+        check_resume(checkpoint, new)
+    check_resume(checkpoint, config)  # the same config resumes
