@@ -236,6 +236,15 @@ def console_line(
     return line
 
 
+def evaluation_line(means: dict[str, float]) -> str:
+    """The end of the console's evaluation line: the mean reward and success, and the share of the episodes cut at
+    ``max_steps`` where any was (a task whose every episode was cut shows no success: nothing reported one)."""
+    shown = {key: means[key] for key in ("reward", "success") if key in means}
+    if means.get("evaluation_cut"):
+        shown["cut"] = means["evaluation_cut"]
+    return "  ".join(f"{key} {value:.3f}" for key, value in shown.items())
+
+
 # The attention figure (see the module docstring for how to read its strips).
 
 MIN_WIDTH = 480  # frames are scaled up by a whole factor to at least this width

@@ -31,7 +31,7 @@ from model import ActorCriticModel, runnable_compute_dtype
 from normalization import RewardScaler
 from ppo import NonFiniteError, PPOLearner
 from rollout import RolloutCollector, RolloutStats
-from summaries import Summaries, Tracker, console_line
+from summaries import Summaries, Tracker, console_line, evaluation_line
 from worker import WorkerError, Workers, environment_processes, usable_cores
 
 __all__ = ["PPOTrainer", "TrainingStopped", "UpdateResult", "check_memory_path"]
@@ -215,7 +215,7 @@ class PPOTrainer:
             if video_due(self.config, self.update):
                 frames = record_episode(self.model, self.config, self.device, EVALUATION_SEED)
                 self.summaries.video("evaluation/episode", frames, self.progress.env_steps)
-            print(" " + "  ".join(f"{k} {v:.3f}" for k, v in means.items() if k in ("reward", "success")))
+            print(" " + evaluation_line(means))
         wait_for_main(self.ranks)
         return means
 

@@ -7,6 +7,7 @@ from conftest import small_config
 
 from evaluation import count_cut_episodes_as_failures, evaluate, metric_means
 from model import ActorCriticModel
+from summaries import evaluation_line
 
 
 def test_a_cut_episode_counts_as_a_failure_where_the_task_reports_success() -> None:
@@ -57,3 +58,11 @@ def test_every_episode_cut_counts_as_a_failure_where_the_task_is_known_to_report
     """No episode of the evaluation tells that the task reports success; its training did."""
     results = [{"reward": 0.2, "length": 9.0, "evaluation_cut": 1.0}, {"reward": 0.1, "length": 9.0, "evaluation_cut": 1.0}]
     assert [result["success"] for result in count_cut_episodes_as_failures(results, success=True)] == [0.0, 0.0]
+
+
+def test_the_evaluation_line_gives_the_share_of_cut_episodes_where_any_was() -> None:
+    every_cut = metric_means(count_cut_episodes_as_failures([{"reward": -1.0, "length": 64.0, "evaluation_cut": 1.0}]))
+    assert evaluation_line(every_cut) == "reward -1.000  cut 1.000"  # no success: no episode reported one
+    some_cut = [{"reward": 1.0, "length": 5.0, "success": 1.0}, {"reward": 0.0, "length": 64.0, "evaluation_cut": 1.0}]
+    assert evaluation_line(metric_means(count_cut_episodes_as_failures(some_cut))) == "reward 0.500  success 0.500  cut 0.500"
+    assert evaluation_line(metric_means(count_cut_episodes_as_failures([{"reward": 1.0, "length": 5.0}]))) == "reward 1.000"
