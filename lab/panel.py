@@ -26,7 +26,8 @@ A panel file:
     gru: [memory=gru]
     trxl-post: [transformer.layer_norm=post]
   variants: [trxl-post]            # memories that are ablations of another (optional): each row is judged
-                                   # against the best of the other memories, which a variant never becomes
+                                   # against the best of the other memories, which a variant never becomes, and
+                                   # against the first memory listed that is not a variant (the one it varies)
   tasks:                           # name: its config, --set items for every memory, and per memory (optional)
     cartpole:
       config: configs/cartpole.yaml
@@ -330,7 +331,42 @@ def discrimination_lines(rows: list[dict], variants: Iterable[str] = ()) -> list
     return lines
 
 
-def table(rows: list[dict], panel_id: str, variants: Iterable[str] = ()) -> str:
+def against_base(rows: list[dict], variants: Iterable[str], base: str) -> dict[str, dict[str, list[str]]]:
+    """Per variant, the tasks that have both its row and ``base``'s (the memory it varies), by how their intervals
+    lie: "above" (the variant's wholly above the base's), "below" (wholly below) or "level" (they overlap). This is
+    the question a candidate default asks (is it better anywhere, and worse nowhere?), which the comparison with each
+    task's best memory does not answer."""
+    bases = {entry["task"]: entry for entry in rows if entry["memory"] == base}
+    result: dict[str, dict[str, list[str]]] = {}
+    for entry in rows:
+        if entry["memory"] not in variants or entry["task"] not in bases:
+            continue
+        other = bases[entry["task"]]
+        side = "above" if entry["ci"][0] > other["ci"][1] else "below" if entry["ci"][1] < other["ci"][0] else "level"
+        result.setdefault(entry["memory"], {"above": [], "below": [], "level": []})[side].append(entry["task"])
+    return result
+
+
+def base_lines(rows: list[dict], variants: Iterable[str], base: str | None) -> list[str]:
+    """The table's lines on each variant against ``base`` (``against_base``)."""
+    compared = against_base(rows, set(variants), base) if base else {}
+    if not compared:
+        return []
+    lines = ["", f"Each variant against {base}, the memory it varies (its interval wholly above or below {base}'s):", ""]
+    for variant, sides in compared.items():
+        tasks = sum(len(names) for names in sides.values())
+        line = f"- {variant}: above on {', '.join(sides['above']) or 'none'}; below on {', '.join(sides['below']) or 'none'}"
+        lines.append(f"{line}; level on {len(sides['level'])} of {tasks}")
+    return lines
+
+
+def base_memory(panel: dict) -> str | None:
+    """The memory that the panel's variants vary: its first memory that is not a variant."""
+    variants = panel.get("variants", [])
+    return next((memory for memory in panel["memories"] if memory not in variants), None) if variants else None
+
+
+def table(rows: list[dict], panel_id: str, variants: Iterable[str] = (), base: str | None = None) -> str:
     """The leaderboard as markdown from rows compared with their task's best (``with_verdicts``): one row per pair,
     tasks in panel order, the best IQM of a task in bold, then the per-memory tally (``tally``)."""
     lines = [
@@ -369,6 +405,7 @@ def table(rows: list[dict], panel_id: str, variants: Iterable[str] = ()) -> str:
                 line += f"; short of both on {', '.join(count['short'])}"
             lines.append(line)
     lines += discrimination_lines(rows, variants)
+    lines += base_lines(rows, variants, base)
     return "\n".join(lines) + "\n"
 
 
@@ -385,9 +422,11 @@ def write_table(panel: dict, panel_id: str) -> dict:
     folder = os.path.join(PANEL_DIR, panel_id)
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "table.md"), "w") as file:
-        file.write(table(rows, panel_id, panel.get("variants", [])))
+        file.write(table(rows, panel_id, panel.get("variants", []), base_memory(panel)))
     result = {"panel": panel_id, "pairs": len(pairs(panel)), "with_results": len(rows), "rows": rows, "tally": tally(rows)}
     result["discriminating"] = discriminating(rows, panel.get("variants", []))
+    if base := base_memory(panel):
+        result["against_base"] = {"base": base, **against_base(rows, panel.get("variants", []), base)}
     with open(os.path.join(folder, "table.json"), "w") as file:
         json.dump(result, file, indent=1)
     return result

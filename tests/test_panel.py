@@ -209,3 +209,22 @@ def test_a_task_tells_memories_apart_where_a_memorys_interval_lies_wholly_above_
     assert "- trxl: the best or inside the best one's interval on 1 of 1" in lines
     below = "- gru: the best or inside the best one's interval on 0 of 1; its interval wholly below another memory's on"
     assert f"{below} apart (under trxl)" in lines
+
+
+def test_a_variant_is_compared_with_the_memory_it_varies_task_by_task() -> None:
+    def entry(task: str, memory: str, low: float, high: float) -> dict:
+        return {"task": task, "memory": memory, "iqm": (low + high) / 2, "ci": [low, high]}
+
+    rows = panel.with_verdicts([
+        entry("better", "trxl", 0.2, 0.4), entry("better", "trxl-bound", 0.5, 0.7), entry("better", "gru", 0.8, 0.9),
+        entry("worse", "trxl", 0.5, 0.7), entry("worse", "trxl-bound", 0.2, 0.4),
+        entry("touching", "trxl", 0.5, 0.7), entry("touching", "trxl-bound", 0.3, 0.5),
+        entry("no base", "trxl-bound", 0.1, 0.2), entry("no base", "gru", 0.1, 0.2),
+    ], variants=["trxl-bound"])  # fmt: skip
+    # above trxl on "better" though below the task's best (the GRU): the comparison the best cannot give
+    sides = {"above": ["better"], "below": ["worse"], "level": ["touching"]}
+    assert panel.against_base(rows, ["trxl-bound"], "trxl") == {"trxl-bound": sides}
+    assert panel.base_memory({"memories": {"gru": [], "trxl": [], "trxl-bound": []}, "variants": ["trxl-bound"]}) == "gru"
+    assert panel.base_memory({"memories": {"trxl": [], "gru": []}}) is None
+    lines = panel.base_lines(rows, ["trxl-bound"], "trxl")
+    assert "- trxl-bound: above on better; below on worse; level on 1 of 3" in lines
