@@ -191,15 +191,17 @@ def test_a_variant_is_judged_against_the_memories_best_without_becoming_it() -> 
     }  # fmt: skip
 
 
-def test_a_task_tells_memories_apart_where_a_memorys_interval_lies_wholly_above_no_memorys() -> None:
-    def entry(task: str, memory: str, low: float, high: float) -> dict:
-        return {"task": task, "memory": memory, "iqm": (low + high) / 2, "ci": [low, high]}
+def ci_row(task: str, memory: str, low: float, high: float) -> dict:
+    """A row of the table with the interval [low, high] and its middle as the IQM."""
+    return {"task": task, "memory": memory, "iqm": (low + high) / 2, "ci": [low, high]}
 
+
+def test_a_task_tells_memories_apart_where_a_memorys_interval_lies_wholly_above_no_memorys() -> None:
     rows = panel.with_verdicts([
-        entry("apart", "trxl", 0.8, 1.0), entry("apart", "gru", 0.3, 0.5), entry("apart", "none", 0.4, 0.6),
-        entry("touching", "trxl", 0.6, 0.9), entry("touching", "none", 0.4, 0.6),
-        entry("variant only", "trxl-post", 0.8, 0.9), entry("variant only", "none", 0.1, 0.2),
-        entry("no control", "trxl", 0.1, 0.2),
+        ci_row("apart", "trxl", 0.8, 1.0), ci_row("apart", "gru", 0.3, 0.5), ci_row("apart", "none", 0.4, 0.6),
+        ci_row("touching", "trxl", 0.6, 0.9), ci_row("touching", "none", 0.4, 0.6),
+        ci_row("variant only", "trxl-post", 0.8, 0.9), ci_row("variant only", "none", 0.1, 0.2),
+        ci_row("no control", "trxl", 0.1, 0.2),
     ], variants=["trxl-post"])  # fmt: skip
     assert panel.discriminating(rows, ["trxl-post"]) == {"apart": True, "touching": False}
     # a variant is never the memory another row falls under
@@ -212,14 +214,11 @@ def test_a_task_tells_memories_apart_where_a_memorys_interval_lies_wholly_above_
 
 
 def test_a_variant_is_compared_with_the_memory_it_varies_task_by_task() -> None:
-    def entry(task: str, memory: str, low: float, high: float) -> dict:
-        return {"task": task, "memory": memory, "iqm": (low + high) / 2, "ci": [low, high]}
-
     rows = panel.with_verdicts([
-        entry("better", "trxl", 0.2, 0.4), entry("better", "trxl-bound", 0.5, 0.7), entry("better", "gru", 0.8, 0.9),
-        entry("worse", "trxl", 0.5, 0.7), entry("worse", "trxl-bound", 0.2, 0.4),
-        entry("touching", "trxl", 0.5, 0.7), entry("touching", "trxl-bound", 0.3, 0.5),
-        entry("no base", "trxl-bound", 0.1, 0.2), entry("no base", "gru", 0.1, 0.2),
+        ci_row("better", "trxl", 0.2, 0.4), ci_row("better", "trxl-bound", 0.5, 0.7), ci_row("better", "gru", 0.8, 0.9),
+        ci_row("worse", "trxl", 0.5, 0.7), ci_row("worse", "trxl-bound", 0.2, 0.4),
+        ci_row("touching", "trxl", 0.5, 0.7), ci_row("touching", "trxl-bound", 0.3, 0.5),
+        ci_row("no base", "trxl-bound", 0.1, 0.2), ci_row("no base", "gru", 0.1, 0.2),
     ], variants=["trxl-bound"])  # fmt: skip
     # above trxl on "better" though below the task's best (the GRU): the comparison the best cannot give
     sides = {"above": ["better"], "below": ["worse"], "level": ["touching"]}
