@@ -416,13 +416,19 @@ def pair_rows(panel: dict, panel_id: str) -> list[dict]:
     return with_verdicts(entries, panel.get("variants", []))
 
 
+def panel_markdown(panel: dict, panel_id: str, rows: list[dict] | None = None) -> str:
+    """table.md of a panel: its rows (default: ``pair_rows``) with the tallies its variants and base call for."""
+    rows = pair_rows(panel, panel_id) if rows is None else rows
+    return table(rows, panel_id, panel.get("variants", []), base_memory(panel))
+
+
 def write_table(panel: dict, panel_id: str) -> dict:
     """Write table.md and table.json from every pair's results; returns the JSON."""
     rows = pair_rows(panel, panel_id)
     folder = os.path.join(PANEL_DIR, panel_id)
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "table.md"), "w") as file:
-        file.write(table(rows, panel_id, panel.get("variants", []), base_memory(panel)))
+        file.write(panel_markdown(panel, panel_id, rows))
     result = {"panel": panel_id, "pairs": len(pairs(panel)), "with_results": len(rows), "rows": rows, "tally": tally(rows)}
     result["discriminating"] = discriminating(rows, panel.get("variants", []))
     if base := base_memory(panel):
