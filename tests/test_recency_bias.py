@@ -160,8 +160,8 @@ def test_learned_slopes_are_kept_in_the_model_file(tmp_path: object) -> None:
         model.memory.transformer.alibi_slopes.copy_(chosen)
     path = f"{tmp_path}/slopes.nn"
     save_model(model, config, path)
-    loaded, config = load_model(path, torch.device("cpu"))
-    assert config.transformer.learned_slopes
+    loaded, loaded_config = load_model(path, torch.device("cpu"))
+    assert loaded_config.transformer.learned_slopes
     torch.testing.assert_close(loaded.memory.transformer.alibi_slopes.detach(), chosen)
     torch.testing.assert_close(step_attention(loaded), step_attention(model))
 
