@@ -34,12 +34,17 @@ Each finished and evaluated seed also leaves a small record, results/<id>/seed-k
 evaluation episodes and training curves. Commit it with the results: on a machine without models/ and summaries/
 (a new clone, another session) the same command counts that seed as finished from its record and trains only the
 seeds that have none, so a long experiment can be spread over several sessions.
+
+results/<id>/summary.json aggregates the seeds named in --seeds only. Seeds run one at a time (one command per core)
+each write a summary of their own seed; the command with every seed then summarises them all without training
+again. A summary that leaves out records in its folder names them (the summary's "other_recorded_seeds").
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import sys
@@ -100,6 +105,17 @@ def evaluation_metric(runs: list[Seed]) -> str:
     for run in runs:
         count_cut_episodes_as_failures(run.evaluation, success=True)
     return "success"
+
+
+def other_recorded_seeds(results_dir: str, seeds: list[int]) -> list[int]:
+    """The seeds whose records (seed-k.json) lie in ``results_dir`` but are not among ``seeds``: a summary over
+    ``seeds`` leaves them out."""
+    found = []
+    for name in os.listdir(results_dir) if os.path.isdir(results_dir) else []:
+        match = re.fullmatch(r"seed-(\d+)\.json", name)
+        if match and int(match.group(1)) not in seeds:
+            found.append(int(match.group(1)))
+    return sorted(found)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         "overrides": sets,
         "seeds": seeds,
         "finished_seeds": [run.seed for run in finished],
+        "other_recorded_seeds": other_recorded_seeds(results_dir, seeds),  # records there that this summary leaves out
         "metric": metric,
         "eval_episodes": evaluation.episodes,
         "evaluation_seed": EVALUATION_SEED,
@@ -196,6 +213,14 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(summary, file, indent=1)
     experiment_figure(summary, summary["plot"])
     print_report(runs, summary)
+    if summary["other_recorded_seeds"]:
+        others = summary["other_recorded_seeds"]
+        what = f"record of seed {others[0]}" if len(others) == 1 else f"records of seeds {', '.join(map(str, others))}"
+        print(
+            f"note: {results_dir} also holds the {what}, which this summary leaves out (it covers "
+            f"--seeds={args['--seeds']}); name every seed in --seeds to summarise them together (finished seeds are "
+            "not trained again)"
+        )
     print(f"wrote {os.path.join(results_dir, 'summary.json')} and {summary['plot']}")
     line = {"config": summary["config"], "seeds": len(finished), "metric": metric, "final": summary["final"]}
     line.update(steps_to_threshold=summary["steps_to_threshold"], failures=[f["seed"] for f in failures], plot=summary["plot"])

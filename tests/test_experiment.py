@@ -124,6 +124,22 @@ def test_a_second_run_skips_finished_seeds(copy: str) -> None:
 
 
 @pytest.mark.slow
+def test_a_summary_of_some_seeds_names_the_records_it_leaves_out(copy: str) -> None:
+    result = run_experiment(copy, "1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "seed 1: skipped" in result.stdout and "seed 0: " not in result.stdout
+    with open(os.path.join(copy, "results", EXPERIMENT, "summary.json")) as file:
+        summary = json.load(file)
+    assert summary["seeds"] == [1] and summary["other_recorded_seeds"] == [0]
+    assert f"results/{EXPERIMENT} also holds the record of seed 0, which this summary leaves out" in result.stdout
+    result = run_experiment(copy, "0-1")  # every recorded seed named: nothing left out, nothing said
+    assert result.returncode == 0, result.stdout + result.stderr
+    with open(os.path.join(copy, "results", EXPERIMENT, "summary.json")) as file:
+        assert json.load(file)["other_recorded_seeds"] == []
+    assert "leaves out" not in result.stdout
+
+
+@pytest.mark.slow
 def test_deterministic_evaluation_is_recorded_and_not_mixed_with_sampled(copy: str) -> None:
     result = run_experiment(copy, "0-1", flags=("--deterministic",))
     assert result.returncode == 0, result.stdout + result.stderr
