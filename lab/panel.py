@@ -28,6 +28,10 @@ A panel file:
   variants: [trxl-post]            # memories that are ablations of another (optional): each row is judged
                                    # against the best of the other memories, which a variant never becomes, and
                                    # against the first memory listed that is not a variant (the one it varies)
+  sets: [transformer.warmup_updates=0]  # --set items of every pair (optional): e.g. the defaults of the day a
+                                   # panel was measured, so that its rows still name what they trained after a change
+  folders: {trxl: trxl-bound}      # where a memory's pairs are stored, if not under its name (optional): here the
+                                   # rows of trxl are those trained as trxl-bound (panel/<id>/<task>-trxl-bound)
   tasks:                           # name: its config, --set items for every memory, and per memory (optional)
     cartpole:
       config: configs/cartpole.yaml
@@ -41,7 +45,9 @@ seeds that finished (lab/experiment.py's records) and resumes the rest, so a pan
 The table has one row per pair: the final models' IQM over the seeds with its 95% bootstrap interval, the seeds that
 reached the threshold and the IQM of their steps to it, and the median training minutes per seed (rollouts and
 optimisation, from the logged steps per second). A pair named under `runs` is not trained: its row is that
-experiment's, with its own seeds; the panel refuses it unless its seeds' records were trained with the pair's settings.
+experiment's, with its own seeds. The panel refuses any pair (linked or not) whose seeds' records were trained with
+other settings than the pair's: after a default changes, its rows name the settings of their day (`sets`, or a memory
+that sets the old values) or move to another memory's (`folders`).
 """
 
 from __future__ import annotations
@@ -70,9 +76,11 @@ class PanelError(ValueError):
 def load_panel(path: str) -> dict:
     """The panel file, checked: seeds, memories and tasks with existing configs."""
     panel = read_yaml(path, "panel file", " (configs/panels/memories.yaml is the shipped one)")
-    if not isinstance(panel, dict) or set(panel) - {"seeds", "eval_episodes", "memories", "variants", "tasks"}:
+    keys = {"seeds", "eval_episodes", "memories", "variants", "tasks", "sets", "folders"}
+    if not isinstance(panel, dict) or set(panel) - keys:
         raise PanelError(
-            f"panel file '{path}': give the keys seeds, eval_episodes, memories, tasks and optionally variants (see --help)"
+            f"panel file '{path}': give the keys seeds, eval_episodes, memories, tasks and optionally variants, sets "
+            "and folders (see --help)"
         )
     for key in ("seeds", "memories", "tasks"):
         if key not in panel:
@@ -85,6 +93,21 @@ def load_panel(path: str) -> dict:
     variants = panel.get("variants", [])
     if not isinstance(variants, list) or any(variant not in panel["memories"] for variant in variants):
         raise PanelError(f"panel file '{path}': variants must list names of memories, e.g. [trxl-post]; got {variants!r}")
+    sets = panel.get("sets", [])
+    if not isinstance(sets, list) or not all(isinstance(item, str) for item in sets):
+        raise PanelError(f"panel file '{path}': sets must list --set items, e.g. [updates=50]; got {sets!r}")
+    folders = panel.get("folders", {})
+    if not isinstance(folders, dict) or any(memory not in panel["memories"] for memory in folders):
+        raise PanelError(
+            f"panel file '{path}': folders must map names of memories to folder names, e.g. {{trxl: trxl-bound}}; "
+            f"got {folders!r}"
+        )
+    shared = [name for name, n in Counter(folders.get(m, m) for m in panel["memories"]).items() if n > 1]
+    if shared:
+        raise PanelError(
+            f"panel file '{path}': two memories would share the folder '{shared[0]}' (folders, or a memory's own "
+            "name): give each its own"
+        )
     if set(panel["memories"]) <= set(variants):
         raise PanelError(f"panel file '{path}': variants lists every memory; leave at least one to judge against")
     for name, task in panel["tasks"].items():
@@ -106,9 +129,10 @@ def load_panel(path: str) -> dict:
 
 
 def pair_sets(panel: dict, task: str, memory: str) -> list[str]:
-    """The --set items of one pair: the task's, then the memory's, then the task's for that memory."""
+    """The --set items of one pair: the panel's, the task's, then the memory's, then the task's for that memory."""
     spec = panel["tasks"][task]
-    return [*spec.get("sets", []), *panel["memories"][memory], *(spec.get("memory_sets", {}) or {}).get(memory, [])]
+    memory_sets = (spec.get("memory_sets", {}) or {}).get(memory, [])
+    return [*panel.get("sets", []), *spec.get("sets", []), *panel["memories"][memory], *memory_sets]
 
 
 def settings_differences(recorded: dict, wanted: dict, prefix: str = "") -> list[str]:
@@ -154,10 +178,20 @@ def check_linked_run(panel: dict, task: str, memory: str, run_id: str) -> None:
             f"{' with their most likely actions' if summary.get('deterministic') else ''}: the panel samples actions "
             f"on {episodes}; link a run evaluated that way or drop it from runs"
         )
+    check_records(panel, task, memory, folder, finished, where)
+
+
+def check_records(panel: dict, task: str, memory: str, folder: str, finished: list[int], where: str) -> None:
+    """Each finished seed's record in ``folder`` was trained with the pair's settings, or PanelError saying where."""
+    if not finished:
+        return
     config = load_config(config_path(panel["tasks"][task]["config"]), parse_overrides(pair_sets(panel, task, memory)))
     wanted = config.to_dict()
     for seed in finished:
-        with open(os.path.join(folder, f"seed-{seed}.json")) as file:
+        record = os.path.join(folder, f"seed-{seed}.json")
+        if not os.path.isfile(record):  # a summary from before seed records: nothing to compare
+            continue
+        with open(record) as file:
             recorded = json.load(file)["config"]
         differences = settings_differences(recorded, wanted)
         if differences:
@@ -166,6 +200,14 @@ def check_linked_run(panel: dict, task: str, memory: str, run_id: str) -> None:
 
 def linked_run(panel: dict, task: str, memory: str) -> str | None:
     return (panel["tasks"][task].get("runs", {}) or {}).get(memory)
+
+
+def pair_run_id(panel: dict, panel_id: str, task: str, memory: str) -> str:
+    """The experiment of a pair: its linked run, else panel/<id>/<task>-<folder>, where the folder is the memory's
+    name unless ``folders`` names another (the memory's rows trained under another name, e.g. as a variant that
+    became the defaults)."""
+    folder = (panel.get("folders", {}) or {}).get(memory, memory)
+    return linked_run(panel, task, memory) or f"panel/{panel_id}/{task}-{folder}"
 
 
 def pairs(panel: dict) -> list[tuple[str, str]]:
@@ -179,7 +221,11 @@ def selected(task: str, memory: str, only: list[str] | None) -> bool:
 def arguments(panel: dict, panel_id: str, task: str, memory: str, jobs: int, cpu: bool) -> list[str]:
     """The arguments of ``python -m lab.experiment`` for one pair."""
     spec, sets = panel["tasks"][task], pair_sets(panel, task, memory)
-    argv = [f"--config={spec['config']}", f"--seeds={panel['seeds']}", f"--run-id=panel/{panel_id}/{task}-{memory}"]
+    argv = [
+        f"--config={spec['config']}",
+        f"--seeds={panel['seeds']}",
+        f"--run-id={pair_run_id(panel, panel_id, task, memory)}",
+    ]
     argv += [f"--jobs={jobs}", f"--eval-episodes={panel.get('eval_episodes', 100)}", *[f"--set={s}" for s in sets]]
     if spec.get("threshold") is not None:
         argv.append(f"--threshold={spec['threshold']}")
@@ -188,14 +234,16 @@ def arguments(panel: dict, panel_id: str, task: str, memory: str, jobs: int, cpu
 
 def row(panel: dict, panel_id: str, task: str, memory: str) -> dict | None:
     """One pair's entry of the table from its experiment's summary and seed records (its linked run's where it has
-    one); None without a summary."""
-    linked = linked_run(panel, task, memory)
-    folder = os.path.join(seeds.RESULTS_DIR, *([linked] if linked else ["panel", panel_id, f"{task}-{memory}"]))
+    one); None without a summary. PanelError where a seed's record was trained with other settings than the pair's
+    (a default changed since, the panel file changed): its row would be another setting's under this name."""
+    folder = os.path.join(seeds.RESULTS_DIR, pair_run_id(panel, panel_id, task, memory))
     path = os.path.join(folder, "summary.json")
     if not os.path.isfile(path):
         return None
     with open(path) as file:
         summary = json.load(file)
+    where = f"task '{task}', memory '{memory}': {os.path.relpath(folder, seeds.RESULTS_DIR)}"
+    check_records(panel, task, memory, folder, summary["finished_seeds"], where)
     seconds = []  # only what the records hold, so that the table is the same on every clone
     for seed in summary["finished_seeds"]:
         path = os.path.join(folder, f"seed-{seed}.json")
@@ -456,6 +504,7 @@ def main(argv: list[str] | None = None) -> int:
         unknown = sorted(set(only or []) - names)
         if unknown:
             raise PanelError(f"--only '{unknown[0]}' is no task, memory or task-memory pair of the panel")
+        pair_rows(panel, args["--id"])  # a pair trained otherwise is refused now, not after hours of training
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

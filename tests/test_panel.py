@@ -12,7 +12,7 @@ import pytest
 from conftest import small_config
 
 from cli import module_environment
-from config import load_config, parse_overrides
+from config import TRANSFORMER_SCHEMA, load_config, parse_overrides
 from lab import panel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -130,6 +130,41 @@ def test_a_pair_measured_before_is_linked_not_trained(tmp_path: str) -> None:
     result = run_panel(str(tmp_path), missing, panel_id="third")
     assert result.returncode == 2 and "runs names 'nothing-here', which has no" in result.stderr
     assert not os.path.exists(os.path.join(tmp_path, "results", "panel", "third"))
+
+
+@pytest.mark.slow
+def test_a_pair_trained_with_other_settings_is_refused_until_the_panel_names_them(tmp_path: str) -> None:
+    # As after a default changes: the trxl pair trained with warmup_updates 2, and trxl now means the default.
+    default = TRANSFORMER_SCHEMA["warmup_updates"][1]
+    assert default != 2
+    old = TINY.replace("memories:", "sets: [transformer.warmup_updates=2]\nmemories:")
+    assert run_panel(str(tmp_path), old, "--only=trxl").returncode == 0
+    result = run_panel(str(tmp_path), TINY, "--table-only")
+    assert result.returncode == 2
+    assert (
+        f"task 'poc', memory 'trxl': panel/tiny/poc-trxl, whose seed 0 was trained otherwise "
+        f"(transformer.warmup_updates: 2 there, {default} in the pair)"
+    ) in result.stderr
+    # The pair under a memory that names what it trained, in the folder it trained in; trxl moves to its own.
+    renamed = TINY.replace("  none:", "  trxl-old: [transformer.warmup_updates=2]\n  none:")
+    renamed += "folders: {trxl-old: trxl, trxl: trxl-now}\n"
+    result = run_panel(str(tmp_path), renamed, "--table-only")
+    assert result.returncode == 0, result.stderr
+    table = json.load(open(os.path.join(tmp_path, "results", "panel", "tiny", "table.json")))
+    assert [(row["memory"], row["experiment"]) for row in table["rows"]] == [("trxl-old", "panel/tiny/poc-trxl")]
+    assert panel.arguments(panel.load_panel(os.path.join(tmp_path, "panel.yaml")), "tiny", "poc", "trxl", 1, True)[2] == (
+        "--run-id=panel/tiny/poc-trxl-now"
+    )
+    # Or the whole panel at the settings of its day.
+    assert run_panel(str(tmp_path), old, "--table-only").returncode == 0
+    shared = renamed.replace("trxl: trxl-now", "none: trxl")
+    result = run_panel(str(tmp_path), shared, "--table-only")
+    assert result.returncode == 2 and "two memories would share the folder 'trxl'" in result.stderr
+
+
+def test_the_panels_sets_come_before_the_tasks_and_the_memorys() -> None:
+    spec = {"sets": ["a=1"], "memories": {"m": ["c=3"]}, "tasks": {"t": {"sets": ["b=2"], "memory_sets": {"m": ["d=4"]}}}}
+    assert panel.pair_sets(spec, "t", "m") == ["a=1", "b=2", "c=3", "d=4"]
 
 
 def test_the_public_suite_holds_sixteen_tasks_whose_configs_build() -> None:
