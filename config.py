@@ -306,22 +306,23 @@ TRANSFORMER_SCHEMA: dict[str, tuple] = {
     ),
     "max_learning_rate": (
         float,
-        0.0,
+        3.0e-4,
         _NON_NEGATIVE,
         (
             "the transformer's parameters (its input embedding, blocks and learned positions) train at most at "
             "this rate, whatever `learning_rate_schedule` and `memory_learning_rate_scale` say; the encoder and "
-            "the heads at the schedule's rate; 0 (the reference's): no bound"
+            "the heads at the schedule's rate; 0: no bound (the reference's, and the default until 2026-12-07: "
+            "at rates above it the transformer's policy moved too far per update on masked Pendulum, docs/suite.md)"
         ),
     ),
     "warmup_updates": (
         int,
-        0,
+        6,
         _NON_NEGATIVE,
         (
             "updates over which every parameter's rate rises linearly from a tenth of its value (the first "
             "update) to all of it (update N + 1 on) while the memory is the transformer, as `learning_rate_warmup` "
-            "does for any memory (the two multiply); 0 (the reference's): none"
+            "does for any memory (the two multiply); 0: none (the reference's, and the default until 2026-12-07)"
         ),
     ),
     "positional_values": (

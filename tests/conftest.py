@@ -32,7 +32,9 @@ def small_config(transformer: dict | None = None, **overrides: object) -> Config
         "updates": 2,
         "hidden_layer_size": 16,
         # The reference's memory (no gradient into it, no position on the query): the path-equivalence tests compare
-        # the fast path with the plain one, which has neither; tests of those options set them.
+        # the fast path with the plain one, which has neither; tests of those options set them. The reference's rate
+        # too (no bound on the transformer's, no warm-up), so that one update moves what the tests measure at the
+        # schedule's rate; tests/test_memory_learning_rate.py sets the bound and the warm-up.
         "transformer": {
             "num_blocks": 2,
             "embed_dim": 16,
@@ -40,6 +42,8 @@ def small_config(transformer: dict | None = None, **overrides: object) -> Config
             "memory_length": 4,
             "memory_gradients": False,
             "query_position": False,
+            "max_learning_rate": 0.0,
+            "warmup_updates": 0,
             **(transformer or {}),
         },  # fmt: skip
     }
