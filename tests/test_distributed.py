@@ -105,6 +105,12 @@ def test_ranks_split_the_lanes() -> None:
     assert Ranks().rows(8) is None and not Ranks().distributed
 
 
+LARGE_RATE = [
+    *["--set", "learning_rate_schedule={initial: 0.01, final: 0.01, max_decay_steps: 1}"],
+    *["--set", "transformer.max_learning_rate=0.0", "--set", "transformer.warmup_updates=0"],
+]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "settings",
@@ -114,10 +120,10 @@ def test_ranks_split_the_lanes() -> None:
         ["--set", "memory=gru", "--set", "reconstruction_coefficient=0.1"],
         ["--set", "minibatch_sampling=steps", "--set", "transformer.memory_gradients=false"],
         # target_kl ends update 1 after 3 of its 4 steps and lets update 2 take all 4: every rank must stop together
-        ["--set", "target_kl=0.02", "--set", "learning_rate_schedule={initial: 0.01, final: 0.01, max_decay_steps: 1}"],
+        # (the large rate on every parameter from the first update: no bound on the transformer's, no warm-up)
+        ["--set", "target_kl=0.02", *LARGE_RATE],
         # and with kl_rollback every rank undoes its third step, weights and moments alike
-        ["--set", "target_kl=0.02", "--set", "kl_rollback=true"]
-        + ["--set", "learning_rate_schedule={initial: 0.01, final: 0.01, max_decay_steps: 1}"],
+        ["--set", "target_kl=0.02", "--set", "kl_rollback=true", *LARGE_RATE],
     ],
     ids=["trxl-chunks", "gru-reconstruction", "trxl-steps", "trxl-target-kl", "trxl-kl-rollback"],
 )
