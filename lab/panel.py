@@ -470,9 +470,9 @@ def panel_markdown(panel: dict, panel_id: str, rows: list[dict] | None = None) -
     return table(rows, panel_id, panel.get("variants", []), base_memory(panel))
 
 
-def write_table(panel: dict, panel_id: str) -> dict:
-    """Write table.md and table.json from every pair's results; returns the JSON."""
-    rows = pair_rows(panel, panel_id)
+def write_table(panel: dict, panel_id: str, rows: list[dict] | None = None) -> dict:
+    """Write table.md and table.json from every pair's results (``rows``, default: ``pair_rows``); returns the JSON."""
+    rows = pair_rows(panel, panel_id) if rows is None else rows
     folder = os.path.join(PANEL_DIR, panel_id)
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "table.md"), "w") as file:
@@ -504,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
         unknown = sorted(set(only or []) - names)
         if unknown:
             raise PanelError(f"--only '{unknown[0]}' is no task, memory or task-memory pair of the panel")
-        pair_rows(panel, args["--id"])  # a pair trained otherwise is refused now, not after hours of training
+        rows = pair_rows(panel, args["--id"])  # a pair trained otherwise is refused now, not after hours of training
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -523,7 +523,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 130
             if code != 0:
                 failed.append(f"{task}-{memory}")
-    result = write_table(panel, args["--id"])
+    result = write_table(panel, args["--id"], rows if args["--table-only"] else None)  # after training: read again
     print(f"table: {os.path.join(PANEL_DIR, args['--id'], 'table.md')}", flush=True)
     print(json.dumps({key: result[key] for key in ("panel", "pairs", "with_results")} | {"failed": failed}))
     return 1 if failed else 0
