@@ -14,6 +14,8 @@ Options:
                    pair that has results (default: all of them).
   --jobs=<n>       Seeds trained at a time within a pair (lab/experiment.py's --jobs) [default: 1].
   --table-only     Train nothing: write the table from the results there are.
+  --curves         Also draw results/panel/<id>/curves.png: per task, the learning curves of the memories that are
+                   not variants (IQM over the seeds with its 95% band; lab/panel_curves.py).
   --cpu            Train and evaluate on the CPU even where CUDA is available.
   -h --help        Show this help.
 
@@ -62,7 +64,7 @@ import numpy as np
 
 from cli import parse_args
 from config import ConfigError, load_config, parse_overrides, read_yaml, validate_config, with_saved_defaults
-from lab import experiment, seeds
+from lab import experiment, panel_curves, seeds
 from lab.experiment_report import format_steps, format_value
 from train import config_path
 
@@ -525,6 +527,14 @@ def main(argv: list[str] | None = None) -> int:
                 failed.append(f"{task}-{memory}")
     result = write_table(panel, args["--id"], rows if args["--table-only"] else None)  # after training: read again
     print(f"table: {os.path.join(PANEL_DIR, args['--id'], 'table.md')}", flush=True)
+    if args["--curves"]:
+        path = os.path.join(PANEL_DIR, args["--id"], "curves.png")
+        try:
+            drawn = panel_curves.draw_panel(panel, args["--id"], result["rows"], path)
+        except ValueError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        print(f"curves: {path} ({drawn} task{'s' if drawn != 1 else ''})", flush=True)
     print(json.dumps({key: result[key] for key in ("panel", "pairs", "with_results")} | {"failed": failed}))
     return 1 if failed else 0
 

@@ -54,8 +54,10 @@ def test_tiny_panel_end_to_end(tmp_path: str) -> None:
     assert markdown.count("| poc |") == 2 and "**" in markdown  # the best IQM of the task in bold
     # The table alone, from the results there are.
     os.remove(os.path.join(tmp_path, "results", "panel", "tiny", "table.md"))
-    assert run_panel(str(tmp_path), TINY, "--table-only").returncode == 0
-    assert os.path.isfile(os.path.join(tmp_path, "results", "panel", "tiny", "table.md"))
+    result = run_panel(str(tmp_path), TINY, "--table-only", "--curves")
+    assert result.returncode == 0 and "(1 task)" in result.stdout, result.stderr
+    for name in ("table.md", "curves.png"):
+        assert os.path.isfile(os.path.join(tmp_path, "results", "panel", "tiny", name))
 
 
 @pytest.mark.slow
@@ -262,3 +264,36 @@ def test_a_variant_is_compared_with_the_memory_it_varies_task_by_task() -> None:
     assert panel.base_memory({"memories": {"trxl": [], "gru": []}}) is None
     lines = panel.base_lines(rows, ["trxl-bound"], "trxl")
     assert "- trxl-bound: above on better; below on worse; level on 1 of 3" in lines
+
+
+def curve_summary(folder: str, level: float) -> None:
+    os.makedirs(folder)
+    curves = {"steps": [100, 200], "per_seed": {"0": [0.0, level]}, "iqm": [0.0, level], "ci_low": [0.0, level],
+              "ci_high": [0.0, level]}  # fmt: skip
+    with open(os.path.join(folder, "summary.json"), "w") as file:
+        json.dump({"metric": "success", "curves": curves}, file)
+
+
+def test_the_curves_hold_a_panel_of_axes_per_task_with_the_memories_that_are_not_variants(
+    tmp_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lab import panel_curves
+
+    monkeypatch.chdir(tmp_path)
+    shipped = {"memories": {"trxl": [], "gru": [], "trxl-post": []}, "variants": ["trxl-post"],
+               "tasks": {"poc": {}, "cue": {}, "unmeasured": {}}}  # fmt: skip
+    rows = []
+    for task, memory, level in [("cue", "gru", 0.5), ("poc", "trxl", 1.0), ("poc", "gru", 0.25), ("poc", "trxl-post", 0.75)]:
+        curve_summary(os.path.join("results", "panel", "p", f"{task}-{memory}"), level)
+        rows.append({"task": task, "memory": memory, "metric": "success", "threshold": 0.9 if task == "poc" else None,
+                     "experiment": os.path.join("panel", "p", f"{task}-{memory}")})  # fmt: skip
+    figure = panel_curves.panel_figure(shipped, "p", rows)
+    poc, cue = [ax for ax in figure.axes if ax.get_visible()]  # the panel's order; no axes for a task without rows
+    assert (poc.get_title(), cue.get_title()) == ("poc", "cue")
+    ends = {line.get_label().split(" ")[0]: line.get_ydata()[-1] for line in poc.get_lines() if line.get_label()[0] != "_"}
+    assert ends == {"trxl": 1.0, "gru": 0.25}  # the variant is not drawn; each memory its own curve
+    assert [line.get_ydata()[0] for line in poc.get_lines() if line.get_label()[0] == "_"] == [0.9]  # the threshold
+    assert [line.get_label().split(" ")[0] for line in cue.get_lines()] == ["gru"]
+    assert panel_curves.draw_panel(shipped, "p", rows, "curves.png") == 2 and os.path.getsize("curves.png") > 0
+    with pytest.raises(ValueError, match="no pair of trxl, gru has results"):
+        panel_curves.panel_figure(shipped, "p", [row for row in rows if row["memory"] == "trxl-post"])
