@@ -43,7 +43,7 @@ def panel_figure(panel: dict, panel_id: str, rows: list[dict], columns: int = 4)
         raise ValueError(f"panel '{panel_id}': no pair of {', '.join(memories)} has results to draw")
     columns = min(columns, len(tasks))
     lines = math.ceil(len(tasks) / columns)
-    figure = Figure(figsize=(4.2 * columns, 3.0 * lines + 0.8), layout="constrained")
+    figure = Figure(figsize=(3.6 * columns, 2.6 * lines + 0.8), layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.subplots(lines, columns, squeeze=False).ravel()
     for ax, task in zip(axes, tasks, strict=False):
